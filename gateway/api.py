@@ -1,0 +1,76 @@
+"""Step 1 of a request: the HTTP endpoints. Each one hands its request to the pipeline or
+answers from the services; none holds logic of its own."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import pipeline
+from gateway.errors import JSON
+from gateway.services import Services
+
+
+def _json(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status, media_type=JSON)
+
+
+class Api:
+    """The OpenAI-compatible endpoints and the health checks."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def chat(self, request: Request) -> Response:
+        return await pipeline.complete(self.services, request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await pipeline.complete(self.services, request, "completion")
+
+    async def models(self, request: Request) -> Response:
+        created = int(time.time())
+        data = [
+            {"id": model, "object": "model", "created": created, "owned_by": "speclane"}
+            for model in sorted(self.services.policy.current.ladders)
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def healthz(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready when every model has a pool with an endpoint whose breaker is not open."""
+        services = self.services
+        policy = services.policy.current
+        pools = {
+            name: {
+                "healthy": services.pools.healthy(name),
+                "endpoints": [
+                    {
+                        "url": e.url,
+                        "outstanding": e.outstanding,
+                        "breaker": e.breaker.state(services.clock()).value,
+                    }
+                    for e in services.pools.endpoints.get(name, ())
+                ],
+            }
+            for name in policy.pools
+        }
+        models = {
+            model: any(pools[p]["healthy"] for p in ladder.pools)
+            for model, ladder in policy.ladders.items()
+        }
+        ready = all(models.values())
+        detail = {
+            "ready": ready,
+            "models": models,
+            "pools": pools,
+            "policy": {
+                "path": str(services.policy.path),
+                "last_reload_error": list(services.policy.last_error),
+            },
+        }
+        return _json(detail, 200 if ready else 503)

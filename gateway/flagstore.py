@@ -1,0 +1,66 @@
+"""Flag values set by ops at run time, merged over the defaults the policy declares.
+
+``values`` is an immutable mapping a decision reads without awaiting; it is rebuilt on
+every change. The in-memory store is the embedded default; the Redis store shares the same
+overrides between replicas. Every change goes to the audit log.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from policies.compiled import CompiledPolicy
+from policies.flags import FlagValue, merged
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    at: float
+    who: str
+    flag: str
+    old: FlagValue | None
+    new: FlagValue | None
+    reason: str
+
+
+class FlagStore:
+    """Overrides set through the admin API, and their merge with the policy's defaults."""
+
+    def __init__(self, policy: CompiledPolicy, max_audit: int = 1000) -> None:
+        self._policy = policy
+        self.overrides: dict[str, FlagValue] = {}
+        self.audit: deque[AuditEntry] = deque(maxlen=max_audit)
+        self.values: Mapping[str, FlagValue] = MappingProxyType({})
+        self._rebuild()
+
+    def policy_changed(self, policy: CompiledPolicy) -> None:
+        self._policy = policy
+        self._rebuild()
+
+    def set(self, name: str, value: FlagValue, who: str, at: float, reason: str = "") -> AuditEntry:
+        entry = AuditEntry(at, who, name, self.overrides.get(name), value, reason)
+        self.overrides[name] = value
+        self.audit.append(entry)
+        self._rebuild()
+        return entry
+
+    def delete(self, name: str, who: str, at: float, reason: str = "") -> AuditEntry | None:
+        old = self.overrides.pop(name, None)
+        if old is None:
+            return None
+        entry = AuditEntry(at, who, name, old, None, reason)
+        self.audit.append(entry)
+        self._rebuild()
+        return entry
+
+    def replace(self, overrides: Mapping[str, FlagValue]) -> None:
+        """Take overrides decided elsewhere (the shared store) as they are."""
+        if dict(overrides) != self.overrides:
+            self.overrides = dict(overrides)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.values = MappingProxyType(merged(self._policy.file.flags, self.overrides))

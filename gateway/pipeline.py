@@ -1,0 +1,161 @@
+"""The path of one request, steps in order. Each step is one call; see README, "Life of a
+request". Nothing on this path happens in middleware or callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from backends.errors import BackendError, UpstreamRejected
+from backends.pool import Opened
+from gateway import schema
+from gateway.acceptance import Fold, Labels, Outcome
+from gateway.classify import classify
+from gateway.errors import JSON, ApiError, from_backend, rejected
+from gateway.services import Services
+from gateway.streaming import Relay
+from policies.decide import decide
+from policies.decision import Decision
+
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+async def complete(services: Services, request: Request, kind: schema.Kind) -> Response:
+    """Serve one chat or completions request."""
+    started = services.clock()
+    tracer = services.telemetry.tracer
+    body = await _read_body(request, services.settings.max_body_bytes)  # 1 request in
+    with tracer.start_as_current_span("parse"):
+        parsed, payload = schema.parse(body, kind)  # 2 parse + validate
+    request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
+    path = request.url.path
+    with tracer.start_as_current_span("classify"):
+        features = classify(parsed, path, request.headers, request_id, services.defaults)  # 3
+    policy = services.policy.current
+    with tracer.start_as_current_span("decide"):
+        decision = decide(features, policy, services.flags.values, services.stats.guards, started)
+    if not decision.rungs:
+        raise ApiError(
+            404,
+            f"The model `{parsed.model}` does not exist.",
+            param="model",
+            code="model_not_found",
+        )
+    headers = _decision_headers(services, decision, request_id)
+    opened = await _open(services, decision, path, payload, request_id)  # 5 forward
+    if isinstance(opened, Response):
+        return opened
+    headers["x-speclane-pool"] = opened.spec.name
+    labels = Labels(
+        model=parsed.model,
+        rule=decision.rule,
+        slice=decision.slice,
+        pool=opened.spec.name,
+        k=opened.spec.k,
+        endpoint=opened.endpoint.url,
+        probe=decision.probe,
+        tenant=features.tenant,
+        epoch=decision.epoch,
+    )
+    relay = Relay(  # 6 measure, 7 feedback (on_done), 8 respond
+        opened,
+        Fold(labels, started),
+        include_usage=parsed.include_usage,
+        clock=services.clock,
+        on_done=lambda outcome: _record(services, outcome),
+    )
+    if parsed.stream:
+        return StreamingResponse(
+            relay.sse(), headers=headers | _SSE_HEADERS, media_type="text/event-stream"
+        )
+    answer = await _unless_disconnected(request, relay.collect(chat=kind == "chat"))
+    return Response(orjson.dumps(answer), headers=headers, media_type=JSON)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
+
+
+async def _open(
+    services: Services,
+    decision: Decision,
+    path: str,
+    payload: dict[str, Any],
+    request_id: str,
+) -> Opened | Response:
+    upstream_payload = payload | {"stream": True, "stream_options": {"include_usage": True}}
+    body = orjson.dumps(upstream_payload)
+    forward = {"content-type": JSON, "x-request-id": request_id}
+    with services.telemetry.tracer.start_as_current_span("forward"):
+        try:
+            opened = await services.pools.open(decision.rungs, path, body, forward)
+        except UpstreamRejected as exc:
+            return rejected(exc)
+        except BackendError as exc:
+            services.telemetry.failovers.add(1, {"pool": decision.pool, "result": "exhausted"})
+            raise from_backend(exc) from None
+    if opened.attempts:
+        services.telemetry.failovers.add(
+            len(opened.attempts), {"pool": decision.pool, "result": "served"}
+        )
+    return opened
+
+
+def _decision_headers(services: Services, decision: Decision, request_id: str) -> dict[str, str]:
+    if not services.settings.decision_headers:
+        return {"x-request-id": request_id}
+    return {
+        "x-request-id": request_id,
+        "x-speclane-rule": decision.rule,
+        "x-speclane-slice": _ascii(decision.slice),
+        "x-speclane-reason": _ascii(decision.reason),
+    }
+
+
+def _ascii(value: str) -> str:
+    return value.encode("ascii", "replace").decode()
+
+
+def _record(services: Services, outcome: Outcome) -> None:
+    services.stats.record(outcome, services.clock())
+    services.telemetry.observe(outcome)
+
+
+async def _unless_disconnected(request: Request, work: Any) -> dict[str, Any]:
+    """Await ``work``; if the client goes away first, cancel it (and with it the upstream)."""
+    task: asyncio.Task[dict[str, Any]] = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ApiError(499, "the client closed the connection", code="client_closed")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,111 @@
+"""Step 2 of a request: parse and validate the body (OpenAI request subset).
+
+Only the fields routing reads are validated; every other field (``tool_choice``,
+``logprobs``, vendor extras) is kept and passed upstream untouched (``extra="allow"``).
+Bad input raises ``ApiError`` 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.errors import bad_request
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class FunctionSpec(_Open):
+    name: Annotated[str, Field(min_length=1)]
+
+
+class Tool(_Open):
+    type: str = "function"
+    function: FunctionSpec
+
+
+class JsonSchemaSpec(_Open):
+    name: str = ""
+
+
+class ResponseFormatSpec(_Open):
+    type: str
+    json_schema: JsonSchemaSpec | None = None
+
+
+class Message(_Open):
+    role: Annotated[str, Field(min_length=1)]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Sampling(_Open):
+    model: Annotated[str, Field(min_length=1)]
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[Tool] | None = None
+    response_format: ResponseFormatSpec | None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: Annotated[str, Field(min_length=1)] | list[str] | list[int] | list[list[int]]
+    tools: None = None
+    response_format: None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+
+Kind = Literal["chat", "completion"]
+AnyRequest = ChatRequest | CompletionRequest
+
+
+def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
+    """The validated request and the raw payload (to forward, with every unknown field)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise bad_request("the body must be a JSON object")
+    model = ChatRequest if kind == "chat" else CompletionRequest
+    try:
+        return model.model_validate(payload), payload
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> Exception:
+    first = exc.errors(include_url=False)[0]
+    param = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "missing":
+        return bad_request(f"'{param}' is required", param)
+    if first["type"] == "extra_forbidden":
+        return bad_request(f"'{param}' is not supported here", param)
+    return bad_request(f"'{param}': {first['msg']}", param)

@@ -1,0 +1,107 @@
+"""A validated policy file turned into what ``decide`` needs at request time. Pure.
+
+Compiling resolves names once (ladders by model, each rule's start rung, merged guardrail
+settings, band labels) so the per-request path only compares values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.checks import check, ladders_of
+from policies.features import Features
+from policies.load import Loaded, parse
+from policies.match import Matcher
+from policies.model import SHADOW, STANDARD, Guardrail, PolicyFile, Pool, PoolKind, Rule
+from policies.problems import PolicyError, Problem, Severity
+from policies.slices import Slicer
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    index: int
+    rule: Rule
+    guardrail: Guardrail
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """One model's rungs, best first; the last is a standard pool."""
+
+    model: str
+    pools: tuple[str, ...]
+    k: tuple[int | None, ...]
+
+    def index(self, start: str) -> int:
+        if start in (STANDARD, SHADOW):
+            return len(self.pools) - 1
+        return self.pools.index(start) if start in self.pools else len(self.pools) - 1
+
+    def first_speculative(self) -> str | None:
+        return next((p for p, k in zip(self.pools, self.k, strict=True) if k is not None), None)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    file: PolicyFile
+    pools: Mapping[str, Pool]
+    ladders: Mapping[str, Ladder]
+    rules: tuple[CompiledRule, ...]
+    slicer: Slicer
+    matcher: Matcher
+    by_name: Mapping[str, CompiledRule]
+    warnings: tuple[Problem, ...] = ()
+
+    def first_match(self, features: Features) -> CompiledRule:
+        return self.rules[self.matcher.first(features)]
+
+    def rule(self, name: str) -> CompiledRule | None:
+        return self.by_name.get(name)
+
+
+def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> CompiledPolicy:
+    """Compile a policy that passed ``check`` without errors."""
+    ladders = {
+        model: Ladder(
+            model,
+            tuple(rungs),
+            tuple(
+                policy.pools[p].num_speculative_tokens
+                if policy.pools[p].kind is PoolKind.SPECULATIVE
+                else None
+                for p in rungs
+            ),
+        )
+        for model, rungs in ladders_of(policy).items()
+    }
+    rules = tuple(
+        CompiledRule(
+            i, rule, rule.guardrail.apply(policy.guardrail) if rule.guardrail else policy.guardrail
+        )
+        for i, rule in enumerate(policy.rules)
+    )
+    return CompiledPolicy(
+        file=policy,
+        pools=dict(policy.pools),
+        ladders=ladders,
+        rules=rules,
+        slicer=Slicer.of(policy.slices.temperature, policy.slices.context_tokens),
+        matcher=Matcher([r.match for r in policy.rules]),
+        by_name={r.name: r for r in rules},
+        warnings=warnings,
+    )
+
+
+def load_policy(text: str, filename: str = "<policy>") -> CompiledPolicy:
+    """Parse, check and compile a policy file's text; ``PolicyError`` lists every error."""
+    loaded: Loaded = parse(text, filename)
+    problems = [loaded.positions.place(p) for p in check(loaded.policy)]
+    errors = [p for p in problems if p.severity is Severity.ERROR]
+    if errors:
+        raise PolicyError(filename, errors)
+    return compile_policy(loaded.policy, tuple(problems))

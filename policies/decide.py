@@ -1,0 +1,133 @@
+"""Step 4 of a request: the policy decision. Pure, synchronous, clock-free.
+
+The same ``decide`` serves live traffic, ``speclane policy explain`` and the replay
+simulator. It reads one snapshot of flags and guardrail states and never waits for anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from policies.compiled import CompiledPolicy, CompiledRule, Ladder
+from policies.decision import Decision
+from policies.features import Features
+from policies.flags import ALWAYS_ON, FlagValue, bucket
+from policies.guardrail import ON_START, Phase, SliceState
+from policies.model import KILL_SWITCH, SHADOW, ProbeMode
+
+
+def decide(
+    features: Features,
+    policy: CompiledPolicy,
+    flags: Mapping[str, FlagValue],
+    guards: Mapping[str, SliceState],
+    now: float,
+) -> Decision:
+    """Which pool serves ``features``, on which rung, under which rule, and why.
+
+    ``now`` is accepted for time-dependent policy features and keeps callers honest about
+    time being an input; today's rules depend only on the snapshot.
+    """
+    del now
+    rule = policy.first_match(features)
+    slice_key = policy.slicer.key(rule.name, features)
+    ladder = policy.ladders.get(features.model)
+    if ladder is None:
+        reason = f"no ladder serves model {features.model}"
+        return Decision(rule.name, slice_key, "", (), 0, 0, reason)
+    start = ladder.index(rule.rule.start)
+    standard = len(ladder.pools) - 1
+    if rule.rule.start == SHADOW:
+        return _shadow(features, rule, ladder, slice_key, start)
+    gate = _gate(features, rule, flags)
+    if gate is not None:
+        return _serve(ladder, rule, slice_key, standard, start, gate)
+    state = guards.get(slice_key, ON_START)
+    rung = min(start + state.offset, standard)
+    if state.phase is Phase.PROBING and rung > start:
+        return _probe(features, rule, ladder, slice_key, rung, start, state)
+    reason = f"rule {rule.name}: {_ladder_word(state, ladder, rung)}"
+    return _serve(ladder, rule, slice_key, rung, start, reason, epoch=state.version)
+
+
+def _gate(features: Features, rule: CompiledRule, flags: Mapping[str, FlagValue]) -> str | None:
+    """Why speculation is off for this request, or None when it may be used."""
+    if not flags.get(KILL_SWITCH, ALWAYS_ON).admits(KILL_SWITCH, features):
+        return "kill switch: speculation is off"
+    flag = rule.rule.flag
+    if flag is not None and not flags.get(flag, ALWAYS_ON).admits(flag, features):
+        return f"rule {rule.name}: flag {flag} is off for this request"
+    rollout = rule.rule.rollout
+    if rollout is not None and bucket(rule.name, features.routing_key) >= rollout / 100:
+        return f"rule {rule.name}: outside its {rollout:g}% rollout"
+    return None
+
+
+def _shadow(
+    features: Features, rule: CompiledRule, ladder: Ladder, slice_key: str, start: int
+) -> Decision:
+    target = rule.rule.shadow_to or ladder.first_speculative()
+    mirrored = (
+        target is not None
+        and bucket("shadow", features.routing_key + features.tools_fingerprint + slice_key)
+        < rule.rule.shadow_fraction
+    )
+    reason = f"rule {rule.name}: shadow, standard answers" + (
+        f", mirrored to {target}" if mirrored else ""
+    )
+    return _serve(ladder, rule, slice_key, start, start, reason, target if mirrored else None)
+
+
+def _probe(
+    features: Features,
+    rule: CompiledRule,
+    ladder: Ladder,
+    slice_key: str,
+    rung: int,
+    start: int,
+    state: SliceState,
+) -> Decision:
+    up = ladder.pools[rung - 1]
+    if bucket("probe", features.routing_key) >= rule.guardrail.probe_fraction:
+        reason = f"rule {rule.name}: fallen back to {ladder.pools[rung]}, probing {up} elsewhere"
+        return _serve(ladder, rule, slice_key, rung, start, reason, epoch=state.version)
+    if rule.guardrail.probe is ProbeMode.SHADOW:
+        reason = f"rule {rule.name}: fallen back to {ladder.pools[rung]}, mirrored probe of {up}"
+        return _serve(
+            ladder, rule, slice_key, rung, start, reason, up, probe=True, epoch=state.version
+        )
+    reason = f"rule {rule.name}: probe of {up} after falling back (offset {state.offset})"
+    return _serve(ladder, rule, slice_key, rung - 1, start, reason, probe=True, epoch=state.version)
+
+
+def _ladder_word(state: SliceState, ladder: Ladder, rung: int) -> str:
+    if state.offset == 0:
+        return f"on {ladder.pools[rung]}"
+    return f"fallen back {state.offset} rung(s) to {ladder.pools[rung]}"
+
+
+def _serve(
+    ladder: Ladder,
+    rule: CompiledRule,
+    slice_key: str,
+    rung: int,
+    start: int,
+    reason: str,
+    shadow_to: str | None = None,
+    *,
+    probe: bool = False,
+    epoch: int = 0,
+) -> Decision:
+    rungs = ladder.pools[rung:] + ladder.pools[:rung][::-1]
+    return Decision(
+        rule=rule.name,
+        slice=slice_key,
+        pool=ladder.pools[rung],
+        rungs=rungs,
+        rung=rung,
+        start=start,
+        reason=reason,
+        shadow_to=shadow_to,
+        probe=probe,
+        epoch=epoch,
+    )

@@ -1,0 +1,57 @@
+"""What classification extracts from one request: the input of every policy decision.
+
+Policies own this contract; ``gateway/classify.py`` produces the values. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ResponseFormat(StrEnum):
+    """The kind of output the client asked for (`response_format.type`)."""
+
+    TEXT = "text"
+    JSON_OBJECT = "json_object"
+    JSON_SCHEMA = "json_schema"
+
+
+class Endpoint(StrEnum):
+    """The OpenAI API the request came in on."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """One request as the policy sees it.
+
+    ``endpoint`` is the HTTP path, or the product endpoint a caller names in the
+    ``x-speclane-endpoint`` header. ``temperature`` and ``top_p`` already hold the backend's
+    defaults when the request left them out. ``routing_key`` is what percentage rollouts hash:
+    the user id when the request has one, else the tenant, else the request id, so a user
+    stays in one arm.
+    """
+
+    endpoint: str
+    model: str
+    temperature: float = 1.0
+    top_p: float = 1.0
+    tools: tuple[str, ...] = ()
+    tools_fingerprint: str = ""
+    response_format: ResponseFormat = ResponseFormat.TEXT
+    schema_name: str = ""
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    stream: bool = False
+    n: int = 1
+    tenant: str = ""
+    routing_key: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def has_tools(self) -> bool:
+        return bool(self.tools)

@@ -1,0 +1,74 @@
+"""Build a gateway for tests: a policy file in a temp dir, settings, and a served app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from gateway.app import build_services, create_app
+from gateway.services import Services
+from gateway.settings import Settings
+from tests.servers import serving
+
+DEFAULT_RULES = """
+rules:
+  - name: default
+    start: spec
+"""
+
+
+def policy_yaml(
+    spec: Sequence[str],
+    standard: Sequence[str],
+    *,
+    model: str = "tiny",
+    k: int = 4,
+    rules: str = DEFAULT_RULES,
+    extra: str = "",
+) -> str:
+    return f"""
+version: 1
+pools:
+  spec:
+    kind: speculative
+    model: {model}
+    num_speculative_tokens: {k}
+    endpoints: [{", ".join(spec)}]
+    timeouts: {{connect_s: 1, first_byte_s: 5, idle_s: 5}}
+  standard:
+    kind: standard
+    model: {model}
+    endpoints: [{", ".join(standard)}]
+    timeouts: {{connect_s: 1, first_byte_s: 5, idle_s: 5}}
+ladder: [spec, standard]
+{extra}
+{rules}
+"""
+
+
+def settings(tmp: Path, text: str, **overrides: Any) -> Settings:
+    path = tmp / "policy.yaml"
+    path.write_text(text)
+    return Settings(policy=path, **overrides)
+
+
+@asynccontextmanager
+async def gateway(settings_: Settings) -> AsyncIterator[tuple[str, Services]]:
+    """A gateway served by uvicorn on loopback; yields its URL and its services."""
+    services = build_services(settings_)
+    async with serving(create_app(settings_, services)) as url:
+        yield url, services
+
+
+@asynccontextmanager
+async def fake_stack(
+    tmp: Path, spec_app: Any, standard_app: Any, text: str | None = None, **overrides: Any
+) -> AsyncIterator[tuple[str, Services]]:
+    """Gateway + two upstream apps (speculative, standard), all on loopback."""
+    async with serving(spec_app) as spec_url, serving(standard_app) as std_url:
+        policy = text.format(spec=spec_url, std=std_url) if text else None
+        body = policy or policy_yaml([spec_url], [std_url])
+        async with gateway(settings(tmp, body, **overrides)) as running:
+            yield running
