@@ -1,5 +1,5 @@
 """The app factory: wiring only. Builds the services, the routes, the error handlers and the
-lifespan that starts and stops the background work (policy watch, guardrail tick)."""
+lifespan that starts and stops the background work."""
 
 from __future__ import annotations
 
@@ -19,35 +19,22 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from backends.pool import Pools, PoolSpec
-from backends.upstream import Timeouts, Upstream
+from backends.pool import Pools
+from backends.upstream import Upstream
+from gateway.admin import Admin
 from gateway.api import Api
 from gateway.classify import Defaults
 from gateway.errors import JSON, ApiError, api_error_handler
 from gateway.flagstore import FlagStore
+from gateway.lifecycle import policy_changed, pool_specs, reload_policy, tick, watch_policy
 from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
 from gateway.services import Services
 from gateway.settings import Settings
+from gateway.state import MemoryState
 from gateway.telemetry import Telemetry
-from policies.compiled import CompiledPolicy
 
 log = logging.getLogger(__name__)
-
-
-def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
-    return [
-        PoolSpec(
-            name=name,
-            model=pool.model,
-            endpoints=tuple(pool.endpoints),
-            k=pool.num_speculative_tokens,
-            timeouts=Timeouts(
-                pool.timeouts.connect_s, pool.timeouts.first_byte_s, pool.timeouts.idle_s
-            ),
-        )
-        for name, pool in policy.pools.items()
-    ]
 
 
 def build_services(
@@ -63,13 +50,19 @@ def build_services(
         keepalive_s=settings.upstream_keepalive_s,
     )
     telemetry = Telemetry.build(settings.otlp_endpoint)
+    flags = FlagStore(holder.current)
+    stats = LiveStats(
+        lambda: holder.current,
+        on_transition=lambda t: telemetry.transitions.add(1, {"to": t.after.phase.value}),
+    )
     services = Services(
         settings=settings,
         clock=clock,
         wall=wall,
         policy=holder,
-        flags=FlagStore(holder.current),
-        stats=LiveStats(lambda: holder.current),
+        flags=flags,
+        stats=stats,
+        state=MemoryState(flags),
         upstream=upstream,
         pools=Pools(
             pool_specs(holder.current),
@@ -87,34 +80,8 @@ def build_services(
             settings.endpoint_header.lower(),
         ),
     )
-    holder.subscribe(lambda new: _policy_changed(services, new))
+    holder.subscribe(lambda new: policy_changed(services, new))
     return services
-
-
-def _policy_changed(services: Services, policy: CompiledPolicy) -> None:
-    services.pools.update(pool_specs(policy))
-    services.flags.policy_changed(policy)
-    services.telemetry.reloads.add(1, {"result": "ok"})
-
-
-def reload_policy(services: Services) -> bool:
-    result = services.policy.reload()
-    if not result.changed:
-        services.telemetry.reloads.add(1, {"result": "rejected"})
-    return result.changed
-
-
-async def _watch_policy(services: Services) -> None:
-    while True:
-        await asyncio.sleep(services.settings.policy_watch_s)
-        if services.policy.changed_on_disk():
-            reload_policy(services)
-
-
-async def _tick(services: Services) -> None:
-    while True:
-        await asyncio.sleep(1.0)
-        services.stats.tick(services.clock())
 
 
 def create_app(settings: Settings, services: Services | None = None) -> Starlette:
@@ -125,9 +92,10 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await services.upstream.start()
+        await services.state.start()
         tasks = [
-            asyncio.create_task(_watch_policy(services), name="policy-watch"),
-            asyncio.create_task(_tick(services), name="guardrail-tick"),
+            asyncio.create_task(watch_policy(services), name="policy-watch"),
+            asyncio.create_task(tick(services), name="guardrail-tick"),
         ]
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -140,6 +108,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await services.state.close()
             await services.upstream.close()
             services.telemetry.shutdown()
 
@@ -155,6 +124,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *Admin(services).routes(),
     ]
     return Starlette(
         routes=routes,
@@ -175,7 +145,5 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
-    body = {
-        "error": {"message": "internal error", "type": "server_error", "param": None, "code": None}
-    }
-    return Response(orjson.dumps(body), 500, media_type=JSON)
+    error = {"message": "internal error", "type": "server_error", "param": None, "code": None}
+    return Response(orjson.dumps({"error": error}), 500, media_type=JSON)

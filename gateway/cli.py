@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway import cli_flags
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
@@ -62,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (or SPECLANE_PORT)")
     serve.add_argument("--redis-url", help="share state through Redis (or SPECLANE_REDIS_URL)")
     serve.set_defaults(run=_serve)
+    cli_flags.add_parser(commands)
     return parser
 
 

@@ -96,6 +96,30 @@ class LiveStats:
         window = entry.windows.get(pool) if entry else None
         return window.total(now) if window else Counts()
 
+    def summary(self, now: float) -> dict[str, dict[str, object]]:
+        """Every slice's state and per-pool window, for the admin API and the demo."""
+        out: dict[str, dict[str, object]] = {}
+        for key, entry in self._slices.items():
+            pools = {}
+            for pool, window in entry.windows.items():
+                c = window.total(now)
+                pools[pool] = {
+                    "requests": c.requests,
+                    "measured": c.measured,
+                    "acceptance": c.acceptance,
+                    "tpot_s": c.tpot,
+                    "errors": c.errors,
+                }
+            state = entry.state
+            out[key] = {
+                "rule": entry.rule,
+                "model": entry.model,
+                "offset": state.offset,
+                "phase": state.phase.value,
+                "pools": pools,
+            }
+        return out
+
     def _touch(self, key: str, model: str, rule: str) -> _Slice:
         entry = self._slices.get(key)
         if entry is None:

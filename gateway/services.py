@@ -12,6 +12,7 @@ from gateway.flagstore import FlagStore
 from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
 from gateway.settings import Settings
+from gateway.state import SharedState
 from gateway.telemetry import Telemetry
 
 
@@ -23,6 +24,7 @@ class Services:
     policy: PolicyHolder
     flags: FlagStore
     stats: LiveStats
+    state: SharedState
     upstream: Upstream
     pools: Pools
     telemetry: Telemetry

@@ -1,0 +1,53 @@
+"""Background work of a running gateway, owned by the app's lifespan: the policy file watch,
+the guardrail tick, and what a policy change sets in motion."""
+
+from __future__ import annotations
+
+import asyncio
+
+from backends.pool import PoolSpec
+from backends.upstream import Timeouts
+from gateway.policyfile import ReloadResult
+from gateway.services import Services
+from policies.compiled import CompiledPolicy
+
+
+def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
+    return [
+        PoolSpec(
+            name=name,
+            model=pool.model,
+            endpoints=tuple(pool.endpoints),
+            k=pool.num_speculative_tokens,
+            timeouts=Timeouts(
+                pool.timeouts.connect_s, pool.timeouts.first_byte_s, pool.timeouts.idle_s
+            ),
+        )
+        for name, pool in policy.pools.items()
+    ]
+
+
+def policy_changed(services: Services, policy: CompiledPolicy) -> None:
+    services.pools.update(pool_specs(policy))
+    services.flags.policy_changed(policy)
+    services.telemetry.reloads.add(1, {"result": "ok"})
+
+
+def reload_policy(services: Services) -> ReloadResult:
+    result = services.policy.reload()
+    if not result.changed:
+        services.telemetry.reloads.add(1, {"result": "rejected"})
+    return result
+
+
+async def watch_policy(services: Services) -> None:
+    while True:
+        await asyncio.sleep(services.settings.policy_watch_s)
+        if services.policy.changed_on_disk():
+            reload_policy(services)
+
+
+async def tick(services: Services) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        services.stats.tick(services.clock())

@@ -1,0 +1,170 @@
+"""The admin API: tokens, flags and the kill switch, audit, policy reload; and the flags CLI."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from gateway.cli import main
+from tests.fakes import FakeUpstream
+from tests.gateways import fake_stack
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+TOKEN = "s3cret-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+POLICY = """
+version: 1
+pools:
+  spec: {{kind: speculative, model: tiny, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
+  standard: {{kind: standard, model: tiny, endpoints: ["{std}"]}}
+ladder: [spec, standard]
+flags:
+  spec-json: {{enabled: true, description: structured output on speculation}}
+rules:
+  - name: json
+    match: {{response_format: [json_object]}}
+    start: spec
+    flag: spec-json
+  - {{name: default, start: spec}}
+"""
+
+
+async def pool_of(c: httpx.AsyncClient, url: str, body: dict, **headers: str) -> str:
+    response = await c.post(url + "/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return response.headers["x-speclane-pool"]
+
+
+async def test_admin_refuses_missing_and_wrong_tokens(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        missing = await c.get(url + "/admin/flags")
+        wrong = await c.get(url + "/admin/flags", headers={"authorization": "Bearer nope"})
+        put = await c.put(url + "/admin/flags/speculation", json={"enabled": False})
+        ok = await c.get(url + "/admin/flags", headers=AUTH)
+    assert (missing.status_code, wrong.status_code, put.status_code) == (401, 403, 401)
+    assert ok.status_code == 200
+    names = {f["name"] for f in ok.json()["flags"]}
+    assert names == {"speculation", "spec-json"}
+
+
+async def test_admin_is_disabled_without_a_token(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        response = await c.get(url + "/admin/flags", headers=AUTH)
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "admin_disabled"
+
+
+async def test_kill_switch_sends_everything_to_standard_and_is_audited(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        assert await pool_of(c, url, CHAT) == "spec"
+        off = await c.put(
+            url + "/admin/flags/speculation",
+            json={"enabled": False, "reason": "incident 42"},
+            headers={**AUTH, "x-speclane-actor": "alice"},
+        )
+        assert off.status_code == 200
+        assert await pool_of(c, url, CHAT) == "standard"
+        reset = await c.delete(url + "/admin/flags/speculation", headers=AUTH)
+        assert reset.status_code == 200
+        assert await pool_of(c, url, CHAT) == "spec"
+        audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
+    assert [(a["flag"], a["who"]) for a in audit] == [
+        ("speculation", "alice"),
+        ("speculation", "admin"),
+    ]
+    assert audit[0]["old"] is None and audit[0]["new"]["enabled"] is False
+    assert audit[0]["reason"] == "incident 42"
+    assert audit[1]["new"] is None
+
+
+async def test_rule_flag_rollout_and_tenants(tmp_path):
+    fake = FakeUpstream()
+    json_chat = {**CHAT, "response_format": {"type": "json_object"}}
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        await c.put(url + "/admin/flags/spec-json", json={"enabled": False}, headers=AUTH)
+        assert await pool_of(c, url, json_chat) == "standard"
+        assert await pool_of(c, url, CHAT) == "spec"  # other rules keep speculating
+        await c.put(
+            url + "/admin/flags/spec-json",
+            json={"enabled": True, "tenants": {"deny": ["acme"]}},
+            headers=AUTH,
+        )
+        assert await pool_of(c, url, json_chat, **{"x-speclane-tenant": "acme"}) == "standard"
+        assert await pool_of(c, url, json_chat, **{"x-speclane-tenant": "other"}) == "spec"
+        await c.put(url + "/admin/flags/spec-json", json={"rollout": 50}, headers=AUTH)
+        pools = {
+            user: await pool_of(c, url, {**json_chat, "user": user}) for user in map(str, range(40))
+        }
+        again = {user: await pool_of(c, url, {**json_chat, "user": user}) for user in pools}
+    assert pools == again  # a user stays in one arm
+    assert 8 <= sum(p == "spec" for p in pools.values()) <= 32
+
+
+async def test_bad_flag_updates_are_400(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        bad_rollout = await c.put(url + "/admin/flags/x", json={"rollout": 150}, headers=AUTH)
+        unknown = await c.put(url + "/admin/flags/x", json={"colour": "red"}, headers=AUTH)
+        bad_name = await c.put(url + "/admin/flags/a%20b", json={}, headers=AUTH)
+    assert bad_rollout.status_code == unknown.status_code == bad_name.status_code == 400
+    assert bad_rollout.json()["error"]["param"] == "rollout"
+
+
+async def test_reload_keeps_the_running_policy_when_the_new_one_is_bad(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, svc),
+        httpx.AsyncClient() as c,
+    ):
+        path = svc.policy.path
+        good = path.read_text()
+        path.write_text(good.replace("start: spec\n    flag", "start: spek\n    flag"))
+        rejected = await c.post(url + "/admin/policy/reload", headers=AUTH)
+        assert rejected.status_code == 422
+        errors = rejected.json()["errors"]
+        assert any(":12:12: error: rules.0.start" in e and "spek" in e for e in errors), errors
+        assert await pool_of(c, url, CHAT) == "spec"
+        path.write_text(
+            good.replace("{name: default, start: spec}", "{name: default, start: standard}")
+        )
+        accepted = await c.post(url + "/admin/policy/reload", headers=AUTH)
+        assert accepted.status_code == 200
+        assert await pool_of(c, url, CHAT) == "standard"
+
+
+async def test_flags_cli_sets_and_lists(tmp_path, capsys):
+    fake = FakeUpstream()
+    async with fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _):
+        common = ["flags", "--gateway", url, "--token", TOKEN]
+        code = await asyncio.to_thread(
+            main, [*common, "set", "speculation", "--off", "--reason", "x"]
+        )
+        assert code == 0
+        assert await asyncio.to_thread(main, [*common, "list"]) == 0
+        wrong = await asyncio.to_thread(main, ["flags", "--gateway", url, "--token", "no", "list"])
+    out = capsys.readouterr()
+    assert "speculation" in out.out and "off" in out.out
+    assert wrong == 1 and "wrong token" in out.err
