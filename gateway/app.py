@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from backends.pool import Pools
 from backends.upstream import Upstream
+from gateway.acceptance import Outcome
 from gateway.admin import Admin
 from gateway.api import Api
 from gateway.classify import Defaults
@@ -31,6 +32,7 @@ from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
 from gateway.services import Services
 from gateway.settings import Settings
+from gateway.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
 from gateway.state import MemoryState
 from gateway.telemetry import Telemetry
 
@@ -55,6 +57,39 @@ def build_services(
         lambda: holder.current,
         on_transition=lambda t: telemetry.transitions.add(1, {"to": t.after.phase.value}),
     )
+    pools = Pools(
+        pool_specs(holder.current),
+        upstream,
+        clock,
+        breaker_failures=settings.breaker_failures,
+        breaker_reset_s=settings.breaker_reset_s,
+        tries_per_pool=settings.tries_per_pool,
+    )
+
+    def record(outcome: Outcome) -> None:
+        stats.record(outcome, clock())
+        telemetry.observe(outcome)
+
+    def alarm(slice_key: str, counts: CanaryCounts) -> None:
+        rate = counts.matched / counts.compared
+        numbers = {"compared": float(counts.compared), "exact_match_rate": rate}
+        reason = f"canary: greedy output differs on speculation (exact match {rate:.1%})"
+        stats.alarm(slice_key, reason, numbers, clock())
+
+    shadow = ShadowRunner(
+        pools,
+        clock,
+        record,
+        telemetry,
+        ShadowLimits(
+            settings.shadow_max_concurrency,
+            settings.shadow_tokens_per_minute,
+            settings.shadow_max_outstanding,
+            settings.shadow_timeout_s,
+        ),
+        CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples),
+        alarm,
+    )
     services = Services(
         settings=settings,
         clock=clock,
@@ -64,15 +99,10 @@ def build_services(
         stats=stats,
         state=MemoryState(flags),
         upstream=upstream,
-        pools=Pools(
-            pool_specs(holder.current),
-            upstream,
-            clock,
-            breaker_failures=settings.breaker_failures,
-            breaker_reset_s=settings.breaker_reset_s,
-            tries_per_pool=settings.tries_per_pool,
-        ),
+        pools=pools,
         telemetry=telemetry,
+        shadow=shadow,
+        record=record,
         defaults=Defaults(
             settings.default_temperature,
             settings.default_top_p,
@@ -108,6 +138,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await services.shadow.close()
             await services.state.close()
             await services.upstream.close()
             services.telemetry.shutdown()

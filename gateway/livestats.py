@@ -30,6 +30,7 @@ from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.guardrail import (
     ON_START,
     Evidence,
+    Phase,
     Rung,
     SliceState,
     Transition,
@@ -181,6 +182,23 @@ class LiveStats:
         self.guards = MappingProxyType(
             {k: s.state for k, s in self._slices.items() if s.state != ON_START}
         )
+
+    def alarm(self, key: str, reason: str, numbers: dict[str, float], now: float) -> None:
+        """An outside signal that speculation is wrong for a slice (the shadow canary): fall
+        back one rung when the slice is on a speculative one; log the event either way."""
+        entry = self._slices.get(key)
+        if entry is None:
+            return
+        found = _rule_and_ladder(self._policy(), entry.rule, entry.model)
+        state = entry.state
+        if found is not None and found[0].rule.start != SHADOW:
+            rule, ladder = found
+            start = ladder.index(rule.rule.start)
+            if start + state.offset < len(ladder.pools) - 1:
+                after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
+                self._apply(key, entry, after, Transition(key, now, state, after, reason, numbers))
+                return
+        self.events.append(Transition(key, now, state, state, reason, numbers))
 
     def adopt(self, key: str, model: str, rule: str, state: SliceState) -> None:
         """Take a state decided elsewhere (another replica); local windows restart with it."""

@@ -15,14 +15,16 @@ from starlette.responses import Response, StreamingResponse
 from backends.errors import BackendError, UpstreamRejected
 from backends.pool import Opened
 from gateway import schema
-from gateway.acceptance import Fold, Labels, Outcome
+from gateway.acceptance import Fold, Labels
 from gateway.classify import classify
 from gateway.errors import JSON, ApiError, from_backend, rejected
 from gateway.services import Services
 from gateway.streaming import Relay
 from policies.decide import decide
 from policies.decision import Decision
+from policies.features import Features
 
+_ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -63,12 +65,14 @@ async def complete(services: Services, request: Request, kind: schema.Kind) -> R
         tenant=features.tenant,
         epoch=decision.epoch,
     )
+    capture = _mirror(services, decision, features, payload, path, labels)
     relay = Relay(  # 6 measure, 7 feedback (on_done), 8 respond
         opened,
         Fold(labels, started),
         include_usage=parsed.include_usage,
         clock=services.clock,
-        on_done=lambda outcome: _record(services, outcome),
+        on_done=services.record,
+        capture=capture,
     )
     if parsed.stream:
         return StreamingResponse(
@@ -136,9 +140,23 @@ def _ascii(value: str) -> str:
     return value.encode("ascii", "replace").decode()
 
 
-def _record(services: Services, outcome: Outcome) -> None:
-    services.stats.record(outcome, services.clock())
-    services.telemetry.observe(outcome)
+def _mirror(
+    services: Services,
+    decision: Decision,
+    features: Features,
+    payload: dict[str, Any],
+    path: str,
+    labels: Labels,
+) -> asyncio.Future[str] | None:
+    """Start the decision's shadow mirror, if any; a future for the canary when greedy."""
+    if decision.shadow_to is None:
+        return None
+    greedy = features.temperature == 0 and features.n == 1
+    capture = asyncio.get_running_loop().create_future() if greedy else None
+    cost = features.prompt_tokens + (features.max_tokens or _ASSUMED_OUTPUT)
+    if services.shadow.mirror(decision.shadow_to, path, payload, labels, cost, capture):
+        return capture
+    return None
 
 
 async def _unless_disconnected(request: Request, work: Any) -> dict[str, Any]:

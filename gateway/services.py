@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 from backends.pool import Pools
 from backends.upstream import Upstream
+from gateway.acceptance import Outcome
 from gateway.classify import Defaults
 from gateway.flagstore import FlagStore
 from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
 from gateway.settings import Settings
+from gateway.shadow import ShadowRunner
 from gateway.state import SharedState
 from gateway.telemetry import Telemetry
 
@@ -28,4 +30,6 @@ class Services:
     upstream: Upstream
     pools: Pools
     telemetry: Telemetry
+    shadow: ShadowRunner
+    record: Callable[[Outcome], None]
     defaults: Defaults

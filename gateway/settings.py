@@ -35,5 +35,11 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     namespace: str = "speclane"
     sync_interval_s: float = Field(1.0, gt=0)
+    shadow_max_concurrency: int = Field(8, ge=0, description="mirrors in flight at most")
+    shadow_tokens_per_minute: float = Field(200_000, ge=0, description="mirror token budget")
+    shadow_max_outstanding: int = Field(16, ge=1, description="skip mirrors to busier endpoints")
+    shadow_timeout_s: float = Field(120.0, gt=0)
+    canary_max_mismatch: float = Field(0.1, ge=0, le=1, description="greedy mismatch alarm")
+    canary_min_samples: int = Field(20, ge=1)
     otlp_endpoint: str | None = None
     log_level: str = "info"

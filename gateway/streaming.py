@@ -11,6 +11,7 @@ After the first byte a failure becomes a final SSE error event, never a silent e
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -37,7 +38,17 @@ class UpstreamErrorEvent(Exception):
 class Relay:
     """One upstream stream, read once, for one client."""
 
-    __slots__ = ("_clock", "_fold", "_include_usage", "_on_done", "_opened", "_status", "_error")
+    __slots__ = (
+        "_capture",
+        "_clock",
+        "_error",
+        "_fold",
+        "_include_usage",
+        "_on_done",
+        "_opened",
+        "_status",
+        "_text",
+    )
 
     def __init__(
         self,
@@ -47,8 +58,12 @@ class Relay:
         include_usage: bool,
         clock: Callable[[], float],
         on_done: Callable[[Outcome], None],
+        capture: asyncio.Future[str] | None = None,
     ) -> None:
+        """``capture``, when given, receives the answer's text (for the shadow canary)."""
         self._opened = opened
+        self._capture = capture
+        self._text: list[str] | None = [] if capture is not None else None
         self._fold = fold
         self._include_usage = include_usage
         self._clock = clock
@@ -82,6 +97,8 @@ class Relay:
                     or delta.get("reasoning")
                 ):
                     self._fold.content(now, finish)
+                    if self._text is not None and choice.get("index", 0) == 0:
+                        self._text.append(delta.get("content") or delta.get("text") or "")
                 elif finish:
                     self._fold.finished(finish)
         elif "usage" in chunk:
@@ -138,6 +155,11 @@ class Relay:
     def _finish(self) -> None:
         self._opened.close(failed=self._status is Status.ERROR)
         self._on_done(self._fold.finish(self._status, self._clock(), self._error))
+        if self._capture is not None and not self._capture.done():
+            if self._status is Status.OK and self._text is not None:
+                self._capture.set_result("".join(self._text))
+            else:
+                self._capture.cancel()
 
 
 def _broken(message: str) -> ApiError:
