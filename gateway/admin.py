@@ -22,8 +22,8 @@ from gateway.errors import JSON, ApiError
 from gateway.flagstore import AuditEntry
 from gateway.lifecycle import reload_policy
 from gateway.services import Services
+from gateway.state import state_json
 from policies.flags import FlagValue
-from policies.guardrail import SliceState, Transition
 
 Handler = Callable[[Request], Awaitable[Response]]
 _FLAG_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -169,14 +169,13 @@ class Admin:
         return _json({"audit": [audit_json(e) for e in entries]})
 
     async def guardrail(self, request: Request) -> Response:
-        stats = self.services.stats
-        now, wall = self.services.clock(), self.services.wall()
-        slices = {key: state_json(state, now, wall) for key, state in stats.guards.items()}
-        events = [transition_json(t, now, wall) for t in stats.events]
+        limit = min(int(request.query_params.get("limit", "200") or 200), 1000)
+        slices = {key: state_json(s) for key, s in self.services.stats.guards.items()}
+        events = await self.services.state.events(limit)
         return _json({"slices": slices, "events": events})
 
     async def stats(self, request: Request) -> Response:
-        return _json({"slices": self.services.stats.summary(self.services.clock())})
+        return _json({"slices": self.services.stats.summary(self.services.wall())})
 
     async def policy(self, request: Request) -> Response:
         holder = self.services.policy
@@ -217,24 +216,4 @@ def audit_json(entry: AuditEntry) -> dict[str, Any]:
         "old": flag_json(entry.old) if entry.old else None,
         "new": flag_json(entry.new) if entry.new else None,
         "reason": entry.reason,
-    }
-
-
-def state_json(state: SliceState, now: float, wall: float) -> dict[str, Any]:
-    return {
-        "offset": state.offset,
-        "phase": state.phase.value,
-        "since": wall - (now - state.since),
-        "version": state.version,
-    }
-
-
-def transition_json(t: Transition, now: float, wall: float) -> dict[str, Any]:
-    return {
-        "slice": t.slice,
-        "at": wall - (now - t.at),
-        "from": state_json(t.before, now, wall),
-        "to": state_json(t.after, now, wall),
-        "reason": t.reason,
-        "numbers": t.numbers,
     }

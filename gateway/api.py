@@ -68,6 +68,7 @@ class Api:
             "ready": ready,
             "models": models,
             "pools": pools,
+            "state": services.state.status(),
             "policy": {
                 "path": str(services.policy.path),
                 "last_reload_error": list(services.policy.last_error),

@@ -33,7 +33,8 @@ from gateway.policyfile import PolicyHolder
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
-from gateway.state import MemoryState
+from gateway.state import MemoryState, SharedState
+from gateway.state_redis import RedisState
 from gateway.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -67,14 +68,14 @@ def build_services(
     )
 
     def record(outcome: Outcome) -> None:
-        stats.record(outcome, clock())
+        stats.record(outcome, wall())
         telemetry.observe(outcome)
 
     def alarm(slice_key: str, counts: CanaryCounts) -> None:
         rate = counts.matched / counts.compared
         numbers = {"compared": float(counts.compared), "exact_match_rate": rate}
         reason = f"canary: greedy output differs on speculation (exact match {rate:.1%})"
-        stats.alarm(slice_key, reason, numbers, clock())
+        stats.alarm(slice_key, reason, numbers, wall())
 
     shadow = ShadowRunner(
         pools,
@@ -97,7 +98,7 @@ def build_services(
         policy=holder,
         flags=flags,
         stats=stats,
-        state=MemoryState(flags),
+        state=_state(settings, flags, stats, holder, telemetry, wall),
         upstream=upstream,
         pools=pools,
         telemetry=telemetry,
@@ -112,6 +113,28 @@ def build_services(
     )
     holder.subscribe(lambda new: policy_changed(services, new))
     return services
+
+
+def _state(
+    settings: Settings,
+    flags: FlagStore,
+    stats: LiveStats,
+    holder: PolicyHolder,
+    telemetry: Telemetry,
+    wall: Callable[[], float],
+) -> SharedState:
+    if settings.redis_url is None:
+        return MemoryState(flags, stats)
+    return RedisState(
+        settings.redis_url,
+        settings.namespace,
+        flags,
+        stats,
+        lambda: holder.current,
+        telemetry,
+        wall,
+        interval_s=settings.sync_interval_s,
+    )
 
 
 def create_app(settings: Settings, services: Services | None = None) -> Starlette:

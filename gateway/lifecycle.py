@@ -50,4 +50,4 @@ async def watch_policy(services: Services) -> None:
 async def tick(services: Services) -> None:
     while True:
         await asyncio.sleep(1.0)
-        services.stats.tick(services.clock())
+        services.stats.tick(services.wall())

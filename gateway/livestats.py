@@ -1,31 +1,38 @@
 """Step 7 of a request: feedback. Outcomes -> per-slice windows -> guardrail transitions.
 
 ``record`` is O(1) and never awaits: it adds the outcome to its slice's window for the pool
-that served it and steps that slice's guardrail. ``tick`` (called about once a second by a
-background task) steps slices waiting out a cooldown. ``guards`` is an immutable snapshot
-of every slice not in its initial state, replaced (never mutated) on each transition, so a
-decision reads it without locks or awaits.
+that served it and steps that slice's guardrail. ``tick`` (about once a second, from the
+lifespan) steps slices waiting out a cooldown. ``guards`` is an immutable snapshot of every
+slice not in its initial state, replaced (never mutated) on each transition, so a decision
+reads it without locks or awaits. Times are wall-clock seconds, so that replicas sharing a
+store agree on window buckets and cooldowns.
 
 Windows are kept per (slice, guardrail epoch, pool). A transition starts a new epoch, so
 only evidence gathered since the slice entered its phase is judged; outcomes of requests
 decided in an older epoch still count in metrics but not in the guardrail.
 
+Shared mode (several replicas, ``gateway/state_redis.py``): local windows hold only the
+increments not yet pushed; ``remote`` holds the merged totals of every replica as last
+pulled; evidence is their sum. Transitions are not applied locally but proposed, and the
+store applies each one once for everybody (compare-and-set on the state's version). While
+the store is unreachable the replica applies transitions itself, as a single process does.
+
 Memory: at most ``max_slices`` slices are kept, least recently used evicted first. An
-evicted slice forgets its state and starts again on its rule's start rung, the same as a
-slice never seen; with the default cap (10,000) and 24 buckets of 7 numbers per window,
-that is a few tens of MB at worst.
+evicted slice forgets its state and starts again on its rule's start rung, like a slice
+never seen; with the default cap (10,000) and 24 buckets of 7 numbers per window, that is a
+few tens of MB at worst.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gateway.acceptance import Outcome, Status
-from gateway.windows import Counts, Window
+from gateway.windows import Counts, Window, total_since
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.guardrail import (
     ON_START,
@@ -48,6 +55,38 @@ class _Slice:
     rule: str
     state: SliceState = ON_START
     windows: dict[str, Window] = field(default_factory=dict)
+    remote: dict[str, dict[float, Counts]] = field(default_factory=dict)
+    proposed: bool = False
+    seen: float = 0.0
+    window_s: float = 120.0
+
+    def counts(self, pool: str, now: float) -> Counts:
+        window = self.windows.get(pool)
+        out = window.total(now) if window else Counts()
+        buckets = self.remote.get(pool)
+        if buckets:
+            out.add(total_since(buckets, now - self.window_s))
+        return out
+
+    def restart(self, state: SliceState) -> None:
+        self.state = state
+        self.windows.clear()
+        self.remote.clear()
+        self.proposed = False
+
+
+@dataclass(frozen=True, slots=True)
+class Increment:
+    """Counts of one bucket of one (slice, epoch, pool), for the shared store."""
+
+    slice: str
+    model: str
+    rule: str
+    epoch: int
+    pool: str
+    start: float
+    counts: Counts
+    window_s: float
 
 
 class LiveStats:
@@ -67,20 +106,22 @@ class LiveStats:
         self._on_transition = on_transition
         self.events: deque[Transition] = deque(maxlen=max_events)
         self.guards: Mapping[str, SliceState] = MappingProxyType({})
+        self.shared = False
+        self.proposals: dict[str, Transition] = {}
 
     def record(self, outcome: Outcome, now: float) -> None:
         labels = outcome.labels
-        entry = self._touch(labels.slice, labels.model, labels.rule)
+        entry = self._touch(labels.slice, labels.model, labels.rule, now)
         if labels.epoch != entry.state.version or outcome.status is Status.CANCELLED:
             return
         policy = self._policy()
         found = _rule_and_ladder(policy, labels.rule, labels.model)
         if found is None:
             return
-        rule, _ = found
+        window_s = entry.window_s = found[0].guardrail.window_s
         window = entry.windows.get(labels.pool)
-        if window is None or window.window_s != rule.guardrail.window_s:
-            window = entry.windows[labels.pool] = Window(rule.guardrail.window_s)
+        if window is None or window.window_s != window_s:
+            window = entry.windows[labels.pool] = Window(window_s)
         _add(window.bucket(now), outcome)
         self._step(labels.slice, entry, policy, now)
 
@@ -92,36 +133,7 @@ class LiveStats:
             if entry is not None:
                 self._step(key, entry, policy, now)
 
-    def evidence(self, key: str, pool: str, now: float) -> Counts:
-        entry = self._slices.get(key)
-        window = entry.windows.get(pool) if entry else None
-        return window.total(now) if window else Counts()
-
-    def summary(self, now: float) -> dict[str, dict[str, object]]:
-        """Every slice's state and per-pool window, for the admin API and the demo."""
-        out: dict[str, dict[str, object]] = {}
-        for key, entry in self._slices.items():
-            pools = {}
-            for pool, window in entry.windows.items():
-                c = window.total(now)
-                pools[pool] = {
-                    "requests": c.requests,
-                    "measured": c.measured,
-                    "acceptance": c.acceptance,
-                    "tpot_s": c.tpot,
-                    "errors": c.errors,
-                }
-            state = entry.state
-            out[key] = {
-                "rule": entry.rule,
-                "model": entry.model,
-                "offset": state.offset,
-                "phase": state.phase.value,
-                "pools": pools,
-            }
-        return out
-
-    def _touch(self, key: str, model: str, rule: str) -> _Slice:
+    def _touch(self, key: str, model: str, rule: str, now: float) -> _Slice:
         entry = self._slices.get(key)
         if entry is None:
             entry = self._slices[key] = _Slice(model, rule)
@@ -131,11 +143,12 @@ class LiveStats:
                     self._publish()
         else:
             self._slices.move_to_end(key)
+        entry.seen = now
         return entry
 
     def _step(self, key: str, entry: _Slice, policy: CompiledPolicy, now: float) -> None:
         found = _rule_and_ladder(policy, entry.rule, entry.model)
-        if found is None or found[0].rule.start == SHADOW:
+        if found is None or found[0].rule.start == SHADOW or entry.proposed:
             return
         rule, ladder = found
         start = ladder.index(rule.rule.start)
@@ -144,44 +157,45 @@ class LiveStats:
         if not start <= judged <= standard:
             return
         serving = min(start + entry.state.offset, standard)
-        evidence = self._evidence(entry, ladder, judged, now)
         state, transition = step(
             key,
             entry.state,
-            evidence,
+            self._evidence(entry, ladder, judged, now),
             Rung(ladder.k[judged]),
             standard - serving,
             rule.guardrail,
             now,
         )
         if transition is not None:
-            self._apply(key, entry, state, transition)
+            self._transition(key, entry, transition)
 
     def _evidence(self, entry: _Slice, ladder: Ladder, judged: int, now: float) -> Evidence:
-        window = entry.windows.get(ladder.pools[judged])
-        counts = window.total(now) if window else Counts()
+        counts = entry.counts(ladder.pools[judged], now)
         speedup = None
-        standard = entry.windows.get(ladder.pools[-1])
-        if standard is not None and judged != len(ladder.pools) - 1:
-            base = standard.total(now)
+        if judged != len(ladder.pools) - 1:
+            base = entry.counts(ladder.pools[-1], now)
             if counts.tpot is not None and base.tpot is not None and base.tpot_n >= 5:
                 speedup = base.tpot / counts.tpot
-        samples = counts.measured or counts.tpot_n
-        return Evidence(samples, counts.acceptance, speedup)
+        return Evidence(counts.measured or counts.tpot_n, counts.acceptance, speedup)
 
-    def _apply(self, key: str, entry: _Slice, state: SliceState, transition: Transition) -> None:
-        entry.state = state
-        entry.windows.clear()
+    def _transition(self, key: str, entry: _Slice, transition: Transition) -> None:
+        if self.shared:
+            entry.proposed = True
+            self.proposals[key] = transition
+            return
+        self.apply(key, transition)
+
+    def apply(self, key: str, transition: Transition) -> None:
+        """Make a transition the slice's state and log it (decided here or by the store)."""
+        entry = self._slices.get(key)
+        if entry is None:
+            return
+        entry.restart(transition.after)
         self.events.append(transition)
-        log.info("guardrail %s: %s -> %s: %s", key, transition.before, state, transition.reason)
+        log.info("guardrail %s: %s", key, transition.reason)
         self._publish()
         if self._on_transition is not None:
             self._on_transition(transition)
-
-    def _publish(self) -> None:
-        self.guards = MappingProxyType(
-            {k: s.state for k, s in self._slices.items() if s.state != ON_START}
-        )
 
     def alarm(self, key: str, reason: str, numbers: dict[str, float], now: float) -> None:
         """An outside signal that speculation is wrong for a slice (the shadow canary): fall
@@ -193,20 +207,113 @@ class LiveStats:
         state = entry.state
         if found is not None and found[0].rule.start != SHADOW:
             rule, ladder = found
-            start = ladder.index(rule.rule.start)
-            if start + state.offset < len(ladder.pools) - 1:
+            if ladder.index(rule.rule.start) + state.offset < len(ladder.pools) - 1:
                 after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
-                self._apply(key, entry, after, Transition(key, now, state, after, reason, numbers))
+                self._transition(key, entry, Transition(key, now, state, after, reason, numbers))
                 return
         self.events.append(Transition(key, now, state, state, reason, numbers))
 
-    def adopt(self, key: str, model: str, rule: str, state: SliceState) -> None:
-        """Take a state decided elsewhere (another replica); local windows restart with it."""
-        entry = self._touch(key, model, rule)
-        if state.version > entry.state.version:
-            entry.state = state
-            entry.windows.clear()
-            self._publish()
+    def adopt(self, key: str, model: str, rule: str, state: SliceState, now: float) -> bool:
+        """Take a state decided elsewhere when it is newer; True when it changed."""
+        entry = self._touch(key, model, rule, now)
+        if state.version <= entry.state.version:
+            return False
+        entry.restart(state)
+        self._publish()
+        return True
+
+    def _publish(self) -> None:
+        self.guards = MappingProxyType(
+            {k: s.state for k, s in self._slices.items() if s.state != ON_START}
+        )
+
+    # --- for the shared store -------------------------------------------------------------
+
+    def slice_labels(self, key: str) -> tuple[str, str] | None:
+        entry = self._slices.get(key)
+        return None if entry is None else (entry.model, entry.rule)
+
+    def abandon(self, key: str) -> None:
+        """Forget a proposal the store could not place; the slice may propose again."""
+        entry = self._slices.get(key)
+        if entry is not None:
+            entry.proposed = False
+
+    def take_proposals(self) -> dict[str, Transition]:
+        taken, self.proposals = self.proposals, {}
+        return taken
+
+    def drain(self) -> list[Increment]:
+        """Local increments not yet pushed, emptied."""
+        out = []
+        for key, entry in self._slices.items():
+            for pool, window in entry.windows.items():
+                for start, counts in window.drain():
+                    out.append(
+                        Increment(
+                            key,
+                            entry.model,
+                            entry.rule,
+                            entry.state.version,
+                            pool,
+                            start,
+                            counts,
+                            window.window_s,
+                        )
+                    )
+        return out
+
+    def restore(self, increments: list[Increment]) -> None:
+        """Put back increments a failed push took out, so local evidence stays whole."""
+        for inc in increments:
+            entry = self._slices.get(inc.slice)
+            if entry is None or entry.state.version != inc.epoch:
+                continue
+            window = entry.windows.get(inc.pool)
+            if window is None:
+                window = entry.windows[inc.pool] = Window(inc.window_s)
+            window.bucket(inc.start).add(inc.counts)
+
+    def states(self) -> Iterator[tuple[str, str, str, SliceState]]:
+        """(slice, model, rule, state) of every slice not in its initial state."""
+        for key, entry in self._slices.items():
+            if entry.state != ON_START:
+                yield key, entry.model, entry.rule, entry.state
+
+    def active(self, since: float) -> Iterator[tuple[str, str, str, int, tuple[str, ...]]]:
+        """(slice, model, rule, epoch, pools) of slices seen since ``since`` or not at rest."""
+        for key, entry in self._slices.items():
+            if entry.seen >= since or entry.state != ON_START:
+                yield key, entry.model, entry.rule, entry.state.version, tuple(entry.windows)
+
+    def merge_remote(self, key: str, epoch: int, pool: str, buckets: dict[float, Counts]) -> None:
+        """The totals of every replica for one pool, as pulled; replaces the last pull."""
+        entry = self._slices.get(key)
+        if entry is not None and entry.state.version == epoch:
+            entry.remote[pool] = buckets
+
+    def summary(self, now: float) -> dict[str, dict[str, object]]:
+        """Every slice's state and per-pool window, for the admin API and the demo."""
+        out: dict[str, dict[str, object]] = {}
+        for key, entry in self._slices.items():
+            pools = {}
+            for pool in entry.windows.keys() | entry.remote.keys():
+                c = entry.counts(pool, now)
+                pools[pool] = {
+                    "requests": c.requests,
+                    "measured": c.measured,
+                    "acceptance": c.acceptance,
+                    "tpot_s": c.tpot,
+                    "errors": c.errors,
+                }
+            out[key] = {
+                "rule": entry.rule,
+                "model": entry.model,
+                "offset": entry.state.offset,
+                "phase": entry.state.phase.value,
+                "pools": pools,
+            }
+        return out
 
 
 def _add(counts: Counts, outcome: Outcome) -> None:

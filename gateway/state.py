@@ -9,10 +9,32 @@ current. Only the admin API and the background sync call in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.flagstore import AuditEntry, FlagStore
+from gateway.livestats import LiveStats
 from policies.flags import FlagValue
+from policies.guardrail import SliceState, Transition
+
+
+def state_json(state: SliceState) -> dict[str, Any]:
+    return {
+        "offset": state.offset,
+        "phase": state.phase.value,
+        "since": state.since,
+        "version": state.version,
+    }
+
+
+def transition_json(t: Transition) -> dict[str, Any]:
+    return {
+        "slice": t.slice,
+        "at": t.at,
+        "from": state_json(t.before),
+        "to": state_json(t.after),
+        "reason": t.reason,
+        "numbers": t.numbers,
+    }
 
 
 class SharedState(Protocol):
@@ -32,14 +54,17 @@ class SharedState(Protocol):
 
     async def audit(self, limit: int) -> Sequence[AuditEntry]: ...
 
+    async def events(self, limit: int) -> list[dict[str, Any]]: ...
+
     def status(self) -> dict[str, object]: ...
 
 
 class MemoryState:
     """Flags and audit kept in this process only."""
 
-    def __init__(self, flags: FlagStore) -> None:
+    def __init__(self, flags: FlagStore, stats: LiveStats) -> None:
         self._flags = flags
+        self._stats = stats
 
     async def start(self) -> None:
         return None
@@ -57,6 +82,9 @@ class MemoryState:
 
     async def audit(self, limit: int) -> Sequence[AuditEntry]:
         return list(self._flags.audit)[-limit:]
+
+    async def events(self, limit: int) -> list[dict[str, Any]]:
+        return [transition_json(t) for t in list(self._stats.events)[-limit:]]
 
     def status(self) -> dict[str, object]:
         return {"store": "memory", "degraded": False}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Counter, Histogram, UpDownCounter
+from opentelemetry.metrics import Counter, Histogram, Observation, UpDownCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
@@ -41,6 +41,7 @@ class Telemetry:
     in_flight: UpDownCounter
     _meters: MeterProvider
     _tracers: TracerProvider | None
+    degraded: bool = False
 
     @classmethod
     def build(cls, otlp_endpoint: str | None = None) -> Telemetry:
@@ -54,7 +55,7 @@ class Telemetry:
         meters = MeterProvider(metric_readers=readers, resource=resource)
         meter = meters.get_meter("speclane")
         tracer = tracers.get_tracer("speclane") if tracers else trace.NoOpTracer()
-        return cls(
+        telemetry = cls(
             tracer=tracer,
             registry=registry,
             requests=meter.create_counter(
@@ -98,6 +99,12 @@ class Telemetry:
             _meters=meters,
             _tracers=tracers,
         )
+        meter.create_observable_gauge(
+            "speclane_state_degraded",
+            callbacks=[lambda options: [Observation(1 if telemetry.degraded else 0)]],
+            description="1 while the shared store is unreachable and state is local only",
+        )
+        return telemetry
 
     def observe(self, outcome: Outcome) -> None:
         labels = outcome.labels

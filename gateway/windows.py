@@ -68,3 +68,21 @@ class Window:
             if start > oldest:
                 out.add(counts)
         return out
+
+    def drain(self) -> list[tuple[float, Counts]]:
+        """Every non-empty bucket with its start, emptied (handed to a shared store)."""
+        out = []
+        for i, (start, counts) in enumerate(zip(self._starts, self._counts, strict=True)):
+            if counts.requests:
+                out.append((start, counts))
+                self._counts[i] = Counts()
+        return out
+
+
+def total_since(buckets: dict[float, Counts], oldest: float) -> Counts:
+    """Sum of the buckets that start after ``oldest``."""
+    out = Counts()
+    for start, counts in buckets.items():
+        if start > oldest:
+            out.add(counts)
+    return out

@@ -1,0 +1,190 @@
+"""Replicas sharing state through a real Redis: flags and the kill switch propagate within a
+second, windows add up, a guardrail transition happens once, and Redis dying (and coming
+back empty) costs clients nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.acceptance import Labels, Outcome, Signal, Status
+from tests.fakes import FakeUpstream
+from tests.gateways import gateway, policy_yaml, settings
+from tests.redis_server import namespace, private_redis, require_shared_redis
+from tests.servers import serving
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+TOKEN = "t0ken"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+RULES = """
+guardrail: {min_acceptance: 0.5, recover_above: 0.6, min_samples: 10, cooldown_s: 30}
+rules:
+  - {name: default, start: spec}
+"""
+
+
+async def wait_for(predicate, timeout: float = 3.0) -> float:
+    """Seconds until ``predicate()`` (async) holds; fails after ``timeout``."""
+    start = time.monotonic()
+    while not await predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def drop(url: str, ns: str) -> None:
+    client = aioredis.from_url(url)
+    keys = [k async for k in client.scan_iter(f"{ns}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+def outcome(acceptance: float, epoch: int = 0) -> Outcome:
+    labels = Labels("tiny", "default", "default / t>0.9 / ctx<4k", "spec", 4, epoch=epoch)
+    drafted = 100
+    return Outcome(
+        labels,
+        Status.OK,
+        0.0,
+        1.0,
+        0.1,
+        0.02,
+        10,
+        50,
+        20,
+        Signal.PER_REQUEST,
+        drafted=drafted,
+        accepted=int(drafted * acceptance),
+    )
+
+
+async def test_two_replicas_share_flags_within_a_second(tmp_path):
+    url = require_shared_redis()
+    ns = namespace()
+    fake = FakeUpstream()
+    try:
+        async with serving(fake.app()) as spec, serving(fake.app()) as std:
+            text = policy_yaml([spec], [std], rules=RULES)
+            common = {"redis_url": url, "namespace": ns, "admin_token": TOKEN}
+            a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+            a_dir.mkdir()
+            b_dir.mkdir()
+            async with (
+                gateway(settings(a_dir, text, **common)) as (a, _),
+                gateway(settings(b_dir, text, **common)) as (b, _),
+                httpx.AsyncClient() as c,
+            ):
+
+                async def b_pool() -> str:
+                    r = await c.post(b + "/v1/chat/completions", json=CHAT)
+                    return r.headers["x-speclane-pool"]
+
+                assert await b_pool() == "spec"
+                await c.put(a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH)
+
+                async def b_is_standard() -> bool:
+                    return await b_pool() == "standard"
+
+                took = await wait_for(b_is_standard, timeout=2.0)
+                flags_b = (await c.get(b + "/admin/flags/speculation", headers=AUTH)).json()
+                audit_b = (await c.get(b + "/admin/audit", headers=AUTH)).json()["audit"]
+    finally:
+        await drop(url, ns)
+    assert took < 1.0
+    assert flags_b["enabled"] is False and flags_b["source"] == "ops"
+    assert [a["flag"] for a in audit_b] == ["speculation"]
+
+
+async def test_windows_add_up_and_a_transition_happens_once(tmp_path):
+    url = require_shared_redis()
+    ns = namespace()
+    fake = FakeUpstream()
+    try:
+        async with serving(fake.app()) as spec, serving(fake.app()) as std:
+            text = policy_yaml([spec], [std], rules=RULES)
+            common = {"redis_url": url, "namespace": ns, "sync_interval_s": 30}
+            a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+            a_dir.mkdir()
+            b_dir.mkdir()
+            async with (
+                gateway(settings(a_dir, text, **common)) as (_, a),
+                gateway(settings(b_dir, text, **common)) as (_, b),
+            ):
+                now = time.time()
+                for _ in range(6):  # 6 + 6 >= min_samples only when added up
+                    a.stats.record(outcome(0.2), now)
+                    b.stats.record(outcome(0.2), now)
+                assert not a.stats.guards and not b.stats.guards
+                await a.state.sync()
+                await b.state.sync()
+                await a.state.sync()
+                key = "default / t>0.9 / ctx<4k"
+                merged = a.stats.summary(now)[key]["pools"]["spec"]
+                assert merged["measured"] == 12
+                # one more sample on each makes both propose the same fall-back
+                a.stats.record(outcome(0.2), now)
+                b.stats.record(outcome(0.2), now)
+                assert a.stats.proposals and b.stats.proposals
+                await a.state.sync()
+                await b.state.sync()
+                await a.state.sync()
+                events = await a.state.events(10)
+                assert a.stats.guards[key] == b.stats.guards[key]
+                assert a.stats.guards[key].offset == 1
+    finally:
+        await drop(url, ns)
+    assert len(events) == 1
+    assert "acceptance 0.200 < 0.5" in events[0]["reason"]
+
+
+async def test_redis_down_and_back_empty_costs_clients_nothing(tmp_path):
+    fake = FakeUpstream()
+    with private_redis() as server:
+        async with serving(fake.app()) as spec, serving(fake.app()) as std:
+            text = policy_yaml([spec], [std], rules=RULES)
+            cfg = settings(
+                tmp_path,
+                text,
+                redis_url=server.url,
+                namespace="ns",
+                admin_token=TOKEN,
+                sync_interval_s=0.2,
+            )
+            async with gateway(cfg) as (url, services), httpx.AsyncClient() as c:
+                put = await c.put(
+                    url + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH
+                )
+                assert put.status_code == 200
+                statuses = []
+
+                async def traffic(n: int) -> None:
+                    for _ in range(n):
+                        r = await c.post(url + "/v1/chat/completions", json=CHAT)
+                        statuses.append((r.status_code, r.headers.get("x-speclane-pool")))
+
+                await traffic(5)
+                server.stop()
+                await traffic(10)
+                await asyncio.sleep(0.5)
+                ready = (await c.get(url + "/readyz")).json()
+                assert ready["ready"] is True and ready["state"]["degraded"] is True
+                server.start()  # empty: it keeps nothing on disk
+
+                async def healed() -> bool:
+                    return not services.state.status()["degraded"]
+
+                await wait_for(healed, timeout=5)
+                await traffic(5)
+                restored = aioredis.from_url(server.url)
+                flags = await restored.hgetall("ns:flags")
+                await restored.aclose()
+    assert statuses and all(s == (200, "standard") for s in statuses), statuses
+    assert set(flags) == {b"speculation"}  # re-seeded from the replica's own copy
