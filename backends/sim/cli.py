@@ -1,0 +1,106 @@
+"""The ``sim`` sub-command: run a simulated vLLM server from the command line.
+
+``add_parser(subparsers)`` adds ``sim`` to the ``speclane`` console script's parser;
+``run(args)`` serves it with uvicorn (uvloop, httptools, log level warning) and returns the
+exit code. ``python -m backends.sim`` uses the same two functions.
+
+Must not: read the environment; the command line is the only input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import uvicorn
+
+from backends.sim.config import Faults, Mode, SimConfig, parse_drift
+from backends.sim.server import create_app, uvicorn_config
+
+logger = logging.getLogger(__name__)
+
+_HELP = "run a simulated vLLM server (speculative or standard decoding)"
+
+
+def _fault_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("faults (chance per request)")
+    group.add_argument("--error-rate", type=float, default=0.0, help="answer 500 before any byte")
+    group.add_argument("--spike-rate", type=float, default=0.0, help="delay the first byte")
+    group.add_argument("--spike-s", type=float, default=1.0, help="length of a spike (seconds)")
+    group.add_argument("--die-rate", type=float, default=0.0, help="drop a stream mid-way")
+    group.add_argument("--die-after-chunks", type=int, default=3, help="chunks before a drop")
+    group.add_argument("--overloaded", action="store_true", help="answer every request 503")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``sim`` sub-command to ``subparsers`` (from ``add_subparsers()``)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser("sim", help=_HELP, description=_HELP)
+    build_parser(parser)
+    return parser
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Put every ``sim`` option on ``parser`` and make ``run`` its handler."""
+    add = parser.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8101)
+    add("--mode", choices=[m.value for m in Mode], default=Mode.SPECULATIVE.value)
+    add("--k", type=int, default=4, help="num_speculative_tokens")
+    add("--model", action="append", dest="models", help="served model name (repeatable)")
+    add("--seed", type=int, default=0)
+    add("--max-num-seqs", type=int, default=256)
+    add("--time-scale", type=float, default=1.0, help="multiplies every simulated duration")
+    add("--zero-latency", action="store_true", help="answer at once (overhead benchmarks)")
+    add("--drift", default="", help="e.g. code@60=0.1,code@120=0.82 (workload@s=acceptance)")
+    add("--no-spec-metrics", action="store_true", help="report no draft tokens (vllm-neuron)")
+    add("--stream-interval", type=int, default=1, help="engine steps per SSE chunk")
+    add("--default-max-tokens", type=int, default=256)
+    add("--max-model-len", type=int, default=32768)
+    _fault_options(parser)
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    faults = Faults(
+        error_rate=args.error_rate,
+        spike_rate=args.spike_rate,
+        spike_s=args.spike_s,
+        die_rate=args.die_rate,
+        die_after_chunks=args.die_after_chunks,
+        overloaded=args.overloaded,
+    )
+    return SimConfig(
+        mode=Mode(args.mode),
+        k=args.k,
+        served_model_names=tuple(args.models or ("qwen3-32b",)),
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        time_scale=args.time_scale,
+        zero_latency=args.zero_latency,
+        drift=parse_drift(args.drift),
+        faults=faults,
+        report_spec_metrics=not args.no_spec_metrics,
+        stream_interval=args.stream_interval,
+        default_max_tokens=args.default_max_tokens,
+        max_model_len=args.max_model_len,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 2 for a bad configuration, else 0."""
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        logger.error("bad sim configuration: %s", exc)
+        return 2
+    logger.info("simulated vLLM (%s, k=%d) on %s:%d", config.mode, config.k, args.host, args.port)
+    server = uvicorn.Server(uvicorn_config(create_app(config), args.host, args.port, loop="uvloop"))
+    server.run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(argparse.ArgumentParser(prog="python -m backends.sim"))
+    return run(parser.parse_args(argv))

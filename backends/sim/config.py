@@ -1,0 +1,111 @@
+"""Settings of one simulated vLLM server, as a frozen value.
+
+Built by the CLI, by tests, or by the gateway's demo; read by the server, the real-time
+engine and the virtual-time simulator. Must not read the environment or files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from backends.sim.model import AcceptanceModel, CostModel, DriftPoint
+from backends.sim.workload import Workload
+
+
+class Mode(StrEnum):
+    """How the simulated server decodes."""
+
+    SPECULATIVE = "speculative"
+    STANDARD = "standard"
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Failure injection; every rate is the chance per request, decided when it arrives.
+
+    ``error_rate``: answer 500 before the first byte. ``spike_rate`` / ``spike_s``: wait
+    ``spike_s`` (scaled by ``time_scale``) before the first byte. ``die_rate`` /
+    ``die_after_chunks``: a streamed answer's connection drops after that many SSE chunks,
+    with no ``[DONE]``. ``overloaded``: every request gets 503.
+    """
+
+    error_rate: float = 0.0
+    spike_rate: float = 0.0
+    spike_s: float = 1.0
+    die_rate: float = 0.0
+    die_after_chunks: int = 3
+    overloaded: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("error_rate", "spike_rate", "die_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, got {value}")
+        if self.spike_s < 0 or self.die_after_chunks < 0:
+            raise ValueError("spike_s and die_after_chunks must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated server. ``k`` is ``num_speculative_tokens``; times are model seconds
+    that ``time_scale`` multiplies into wall seconds (``zero_latency`` skips all waiting).
+
+    ``drift`` times are seconds since the server started (wall seconds for the HTTP server,
+    virtual seconds for ``backends/sim/virtual.py``). ``report_spec_metrics=False`` emulates
+    vllm-neuron: no per-request ``speculative_decoding`` and draft counters that stay at 0.
+    ``stream_interval`` > 1 merges that many engine steps into one SSE chunk.
+    """
+
+    mode: Mode = Mode.SPECULATIVE
+    k: int = 4
+    served_model_names: tuple[str, ...] = ("qwen3-32b",)
+    seed: int = 0
+    max_num_seqs: int = 256
+    time_scale: float = 1.0
+    zero_latency: bool = False
+    cost: CostModel = field(default_factory=CostModel)
+    acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+    drift: tuple[DriftPoint, ...] = ()
+    faults: Faults = field(default_factory=Faults)
+    report_spec_metrics: bool = True
+    stream_interval: int = 1
+    default_max_tokens: int = 256
+    max_model_len: int = 32768
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError("k (num_speculative_tokens) must be at least 1")
+        if not self.served_model_names:
+            raise ValueError("at least one served model name is needed")
+        if self.max_num_seqs < 1 or self.stream_interval < 1 or self.default_max_tokens < 1:
+            raise ValueError("max_num_seqs, stream_interval and default_max_tokens must be >= 1")
+        if self.time_scale < 0:
+            raise ValueError("time_scale must not be negative")
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode is Mode.SPECULATIVE
+
+    @property
+    def reports_spec(self) -> bool:
+        """Whether responses carry ``metrics.speculative_decoding``."""
+        return self.speculative and self.report_spec_metrics
+
+
+def parse_drift(text: str) -> tuple[DriftPoint, ...]:
+    """Parse ``"code@60=0.1,code@120=0.82"`` (workload@seconds=base acceptance)."""
+    points = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            head, value = item.split("=", 1)
+            name, at = head.split("@", 1)
+            point = DriftPoint(Workload(name.strip()), float(at), float(value))
+        except ValueError as exc:
+            raise ValueError(f"bad drift entry {item!r}: want workload@seconds=acceptance") from exc
+        if not 0.0 <= point.acceptance <= 1.0 or point.at_s < 0:
+            raise ValueError(f"bad drift entry {item!r}: acceptance in [0, 1], seconds >= 0")
+        points.append(point)
+    return tuple(points)

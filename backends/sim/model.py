@@ -1,0 +1,249 @@
+"""The simulated engine's numbers: per-token draft acceptance, the accepted-token sampler, the
+Leviathan formulas, the per-step cost model and the profile of one request.
+
+Acceptance ``a`` of a request (the chance that the target accepts one draft token)::
+
+    a = base[workload] * (1 - 0.2 * clamp(T, 0, 2)) / (1 + prompt_tokens / 32768)
+
+capped at 0.99. The temperature factor is 1.0 at T=0, 0.8 at T=1; the context factor is 0.97
+at 1k prompt tokens, 0.80 at 8k, 0.67 at 16k. A drift override replaces ``base[workload]``.
+
+Cost of one engine step (continuous batching), defaults modelled on a 32B target with a ~1.7B
+draft on one accelerator::
+
+    target = 25 ms + 0.8 ms * verified_tokens + 0.15 ms * prefill_tokens
+    draft  = draft_passes * (2.7 ms + 0.05 ms * drafting_sequences)
+
+``verified_tokens`` is 1 per standard sequence and k+1 per speculative one, so verification
+grows k+1 times faster with the batch than standard decoding does: at batch 1 speculation
+wins (2.6x at a=0.9, k=4) or loses a little at creative acceptance (0.89x at a=0.28), and at
+64-128 running sequences it loses even at good acceptance (the SmartSpec/TurboSpec effect).
+
+Pure: no I/O, no clock reads, no global random state (the caller passes every
+``random.Random``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from backends.sim.workload import (
+    LONG_CONTEXT_TOKENS,
+    Workload,
+    classify,
+    estimate_prompt_tokens,
+    forced_tool_name,
+    prompt_text,
+    temperature_of,
+)
+
+MAX_ACCEPTANCE = 0.99
+
+DEFAULT_BASE: Mapping[Workload, float] = MappingProxyType(
+    {
+        Workload.JSON: 0.92,
+        Workload.TOOLS: 0.88,
+        Workload.CODE: 0.82,
+        Workload.CHAT: 0.65,
+        Workload.CREATIVE: 0.35,
+        Workload.SUMMARISE: 0.25,
+    }
+)
+
+# Natural answer length in tokens (uniform), before max_tokens cuts it.
+NATURAL_TOKENS: Mapping[Workload, tuple[int, int]] = MappingProxyType(
+    {
+        Workload.JSON: (40, 160),
+        Workload.TOOLS: (20, 80),
+        Workload.CODE: (80, 320),
+        Workload.CHAT: (60, 300),
+        Workload.CREATIVE: (150, 500),
+        Workload.SUMMARISE: (80, 250),
+    }
+)
+
+
+def expected_tokens_per_step(a: float, k: int) -> float:
+    """Leviathan et al.: tokens one speculative step emits on average, (1 - a^(k+1)) / (1 - a)."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_draft_acceptance_rate(a: float, k: int) -> float:
+    """vLLM's draft acceptance rate (accepted / drafted) for per-token acceptance ``a``."""
+    return (expected_tokens_per_step(a, k) - 1.0) / k
+
+
+def per_token_acceptance(draft_acceptance_rate: float, k: int) -> float:
+    """Solve ``expected_draft_acceptance_rate(a, k) == rate`` for ``a`` (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_draft_acceptance_rate(mid, k) < draft_acceptance_rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def sample_accepted(rng: random.Random, a: float, k: int) -> int:
+    """Accepted draft tokens in one step: consecutive successes of chance ``a``, at most k."""
+    accepted = 0
+    while accepted < k and rng.random() < a:
+        accepted += 1
+    return accepted
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceModel:
+    """How a request's workload, temperature and context length set its acceptance."""
+
+    base: Mapping[Workload, float] = field(default_factory=lambda: DEFAULT_BASE)
+    temperature_slope: float = 0.2
+    context_scale_tokens: float = 32768.0
+    long_context_tokens: int = LONG_CONTEXT_TOKENS
+
+    def acceptance(self, base: float, *, temperature: float, prompt_tokens: int) -> float:
+        temp_factor = max(0.0, 1.0 - self.temperature_slope * min(max(temperature, 0.0), 2.0))
+        ctx_factor = 1.0 / (1.0 + prompt_tokens / self.context_scale_tokens)
+        return min(max(base * temp_factor * ctx_factor, 0.0), MAX_ACCEPTANCE)
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Seconds per engine step (module docstring has the formula and why these numbers)."""
+
+    target_fixed_s: float = 0.025
+    target_per_token_s: float = 0.0008
+    prefill_per_token_s: float = 0.00015
+    draft_fixed_s: float = 0.0027
+    draft_per_seq_s: float = 0.00005
+
+    def step_seconds(
+        self, *, verified_tokens: int, prefill_tokens: int, draft_passes: int, drafting_seqs: int
+    ) -> float:
+        target = (
+            self.target_fixed_s
+            + self.target_per_token_s * verified_tokens
+            + self.prefill_per_token_s * prefill_tokens
+        )
+        draft = draft_passes * (self.draft_fixed_s + self.draft_per_seq_s * drafting_seqs)
+        return target + draft
+
+    def decode_step_seconds(self, *, batch: int, k: int, speculative: bool) -> float:
+        """One steady-state decode step of ``batch`` sequences (no prefill in it)."""
+        if not speculative:
+            return self.step_seconds(
+                verified_tokens=batch, prefill_tokens=0, draft_passes=0, drafting_seqs=0
+            )
+        return self.step_seconds(
+            verified_tokens=batch * (k + 1), prefill_tokens=0, draft_passes=k, drafting_seqs=batch
+        )
+
+    def speedup(self, a: float, k: int, batch: int = 1) -> float:
+        """Analytic decode speed-up per output token of speculation over standard decoding."""
+        spec = self.decode_step_seconds(batch=batch, k=k, speculative=True)
+        std = self.decode_step_seconds(batch=batch, k=k, speculative=False)
+        return expected_tokens_per_step(a, k) * std / spec
+
+
+@dataclass(frozen=True, slots=True)
+class DriftPoint:
+    """From ``at_s`` seconds after start on, ``workload``'s base acceptance is ``acceptance``."""
+
+    workload: Workload
+    at_s: float
+    acceptance: float
+
+
+def base_acceptance(
+    workload: Workload,
+    *,
+    now_s: float,
+    model: AcceptanceModel,
+    drift: Sequence[DriftPoint] = (),
+    overrides: Mapping[Workload, float] | None = None,
+) -> float:
+    """The base in force: a runtime override, else the latest drift point due, else the default."""
+    if overrides and workload in overrides:
+        return overrides[workload]
+    due = [p for p in drift if p.workload is workload and p.at_s <= now_s]
+    if due:
+        return max(due, key=lambda p: p.at_s).acceptance
+    return model.base.get(workload, DEFAULT_BASE[workload])
+
+
+@dataclass(frozen=True, slots=True)
+class RequestProfile:
+    """Everything the engine needs to know about one request, decided when it arrives."""
+
+    workload: Workload
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int
+    finish_reason: str
+    acceptance: float
+    seed_key: str
+    tool_name: str | None = None
+
+    def rng(self, stream: str) -> random.Random:
+        """An independent random stream of this request (``"steps"``, ``"text"``...)."""
+        return random.Random(f"{self.seed_key}:{stream}")
+
+    def draw(self, stream: str) -> int:
+        """One 64-bit number of this request; cheaper than a ``Random`` for a single draw."""
+        return draw(f"{self.seed_key}:{stream}")
+
+
+def draw(key: str) -> int:
+    """A deterministic 64-bit number for ``key``."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest())
+
+
+def build_profile(
+    body: Mapping[str, object],
+    *,
+    seed: int,
+    index: int,
+    max_tokens: int,
+    now_s: float = 0.0,
+    model: AcceptanceModel | None = None,
+    drift: Sequence[DriftPoint] = (),
+    overrides: Mapping[Workload, float] | None = None,
+) -> RequestProfile:
+    """Profile the ``index``-th request a server with ``seed`` receives.
+
+    Same seed and same request order give the same profiles, hence the same numbers. The
+    answer ends naturally (``stop``/``tool_calls``) at a length drawn per workload, unless
+    ``max_tokens`` cuts it first (``length``) or ``ignore_eos`` is set.
+    """
+    model = model or AcceptanceModel()
+    text = prompt_text(body)
+    prompt_tokens = estimate_prompt_tokens(body, text)
+    workload = classify(
+        body, long_context_tokens=model.long_context_tokens, text=text, prompt_tokens=prompt_tokens
+    )
+    base = base_acceptance(workload, now_s=now_s, model=model, drift=drift, overrides=overrides)
+    a = model.acceptance(base, temperature=temperature_of(body), prompt_tokens=prompt_tokens)
+    seed_key = f"{seed}:{index}"
+    low, high = NATURAL_TOKENS[workload]
+    natural = low + draw(f"{seed_key}:length") % (high - low + 1)
+    if body.get("ignore_eos") is True:  # vLLM's benchmark switch: always run to max_tokens
+        natural = max_tokens + 1
+    tool_name = forced_tool_name(body)
+    natural_reason = "tool_calls" if tool_name else "stop"
+    return RequestProfile(
+        workload=workload,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        output_tokens=min(max_tokens, natural),
+        finish_reason="length" if max_tokens < natural else natural_reason,
+        acceptance=a,
+        seed_key=seed_key,
+        tool_name=tool_name,
+    )

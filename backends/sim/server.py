@@ -1,0 +1,229 @@
+"""The simulated vLLM as a Starlette app: ``create_app(config)`` and ``serve(config, host, port)``.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``serving.SimServer``),
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM names, app-owned registry), and the
+simulator's own ``GET /sim/state`` / ``POST /sim/control`` for tests and the demo::
+
+    {"acceptance": {"code": 0.1, "json": null},   # set / clear a workload's base now
+     "faults": {"error_rate": 0.2, "overloaded": false}}   # any Faults field
+
+``"acceptance": null`` clears every override. The answer is the new state.
+
+Must not: keep module-level state or use the global Prometheus registry; wiring only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from backends.sim.config import Faults, SimConfig
+from backends.sim.engine import Clock, Sleep
+from backends.sim.metrics import CONTENT_TYPE, build_registry, exposition
+from backends.sim.serving import SimServer
+from backends.sim.validation import SimHTTPError, bad_request
+from backends.sim.workload import Workload
+
+
+def _json(value: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(value), status, media_type="application/json")
+
+
+class _Admin:
+    """The non-generation endpoints of one simulated server."""
+
+    def __init__(self, sim: SimServer, wall_clock: Clock) -> None:
+        self._sim = sim
+        self._wall = wall_clock
+        config = sim.config
+        self._registry = build_registry(
+            sim.scheduler, config.served_model_names[0], report_spec=config.report_spec_metrics
+        )
+
+    async def models(self, request: Request) -> Response:
+        created = int(self._wall())
+        config = self._sim.config
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": f"{config.served_model_names[0]}/target",
+                "parent": None,
+                "max_model_len": config.max_model_len,
+                "permission": [_permission(name, created)],
+            }
+            for name in config.served_model_names
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(exposition(self._registry), media_type=CONTENT_TYPE)
+
+    async def state(self, request: Request) -> Response:
+        return _json(self.snapshot())
+
+    async def control(self, request: Request) -> Response:
+        try:
+            change = orjson.loads(await request.body())
+            if not isinstance(change, dict):
+                raise bad_request("the control body must be a JSON object")
+            self._apply(change)
+        except orjson.JSONDecodeError:
+            return _json({"error": {"message": "invalid JSON", "code": 400}}, 400)
+        except SimHTTPError as err:
+            return Response(err.body, err.status, media_type="application/json")
+        return _json(self.snapshot())
+
+    def _apply(self, change: Mapping[str, Any]) -> None:
+        unknown = set(change) - {"acceptance", "faults"}
+        if unknown:
+            raise bad_request(f"unknown control keys: {sorted(unknown)}")
+        overrides = dict(self._sim.overrides)
+        acceptance = change.get("acceptance", {})
+        if acceptance is None:
+            overrides.clear()
+        elif isinstance(acceptance, Mapping):
+            overrides = _override(overrides, acceptance)
+        else:
+            raise bad_request("acceptance must be an object of workload: value or null")
+        faults = self._sim.faults
+        if "faults" in change:
+            faults = _faults(faults, change["faults"])
+        self._sim.overrides, self._sim.faults = overrides, faults
+
+    def snapshot(self) -> dict[str, Any]:
+        sim = self._sim
+        config = sim.config
+        return {
+            "mode": config.mode.value,
+            "k": config.k,
+            "models": list(config.served_model_names),
+            "seed": config.seed,
+            "time_scale": config.time_scale,
+            "zero_latency": config.zero_latency,
+            "uptime_s": sim.uptime_s,
+            "running": sim.scheduler.num_running,
+            "waiting": sim.scheduler.num_waiting,
+            "acceptance": {w.value: sim.base_acceptance(w) for w in Workload},
+            "overrides": {w.value: v for w, v in sim.overrides.items()},
+            "faults": dataclasses.asdict(sim.faults),
+            "outcomes": dataclasses.asdict(sim.outcomes),
+            "counters": dataclasses.asdict(sim.scheduler.counters),
+        }
+
+
+def _override(current: dict[Workload, float], change: Mapping[str, Any]) -> dict[Workload, float]:
+    out = dict(current)
+    for name, value in change.items():
+        try:
+            workload = Workload(name)
+        except ValueError as exc:
+            names = [w.value for w in Workload]
+            raise bad_request(f"unknown workload {name!r}; one of {names}") from exc
+        if value is None:
+            out.pop(workload, None)
+        elif isinstance(value, int | float) and 0.0 <= value <= 1.0:
+            out[workload] = float(value)
+        else:
+            raise bad_request(f"acceptance for {name} must be in [0, 1] or null")
+    return out
+
+
+def _faults(current: Faults, change: object) -> Faults:
+    if not isinstance(change, Mapping):
+        raise bad_request("faults must be an object of Faults fields")
+    try:
+        return dataclasses.replace(current, **change)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(f"bad faults: {exc}") from exc
+
+
+def _permission(name: str, created: int) -> dict[str, Any]:
+    return {
+        "id": "modelperm-"
+        + hashlib.blake2b(f"{name}:{created}".encode(), digest_size=8).hexdigest(),
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+
+
+def create_app(
+    config: SimConfig,
+    *,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+    wall_clock: Clock = time.time,
+) -> Starlette:
+    """A simulated vLLM server; the clocks and sleep are seams for tests."""
+    sim = SimServer(config, clock=clock, sleep=sleep, wall_clock=wall_clock)
+    admin = _Admin(sim, wall_clock)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await sim.engine.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", sim.chat, methods=["POST"]),
+        Route("/v1/completions", sim.completions, methods=["POST"]),
+        Route("/v1/models", admin.models, methods=["GET"]),
+        Route("/health", admin.health, methods=["GET"]),
+        Route("/metrics", admin.metrics, methods=["GET"]),
+        Route("/sim/state", admin.state, methods=["GET"]),
+        Route("/sim/control", admin.control, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 8101) -> None:
+    """Serve a simulated vLLM on ``host:port`` in the running event loop.
+
+    Runs until the server stops; cancelling it shuts the server down cleanly first.
+    """
+    server = uvicorn.Server(uvicorn_config(create_app(config), host, port, loop="none"))
+    task = asyncio.ensure_future(server.serve())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        await task
+        raise
+
+
+def uvicorn_config(app: Starlette, host: str, port: int, *, loop: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop=loop,
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
