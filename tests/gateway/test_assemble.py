@@ -1,0 +1,88 @@
+"""One JSON body from a stream: real vLLM chunks, tool calls, logprobs, n > 1."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from gateway.assemble import Assembler
+from tests.fakes import FIXTURES, events
+
+
+def assemble(chat: bool, chunks: list[dict]) -> dict:
+    assembler = Assembler(chat)
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.body()
+
+
+def parsed(name: str) -> list[dict]:
+    return [orjson.loads(e) for e in events(name) if e != b"[DONE]"]
+
+
+def test_chat_stream_assembles_like_vllm_non_streaming_answer():
+    body = assemble(True, parsed("chat-stream-include-usage.sse"))
+    reference = json.loads((FIXTURES / "chat-nonstream.json").read_text())
+    assert body["object"] == reference["object"] == "chat.completion"
+    choice, ref_choice = body["choices"][0], reference["choices"][0]
+    assert choice["message"]["content"] == ref_choice["message"]["content"]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] == ref_choice["finish_reason"]
+    assert body["usage"] == {k: v for k, v in reference["usage"].items() if v is not None}
+    assert body["metrics"]["speculative_decoding"]["num_spec_steps"] == 5
+
+
+def test_completions_stream_assembles_text():
+    body = assemble(False, parsed("completions-stream-include-usage.sse"))
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"].count("\n") == 24
+    assert body["usage"]["completion_tokens"] == 24
+
+
+def test_tool_calls_are_merged_by_index():
+    def delta(**d):
+        return {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "delta": d}]}
+
+    chunks = [
+        delta(role="assistant", content=""),
+        delta(
+            tool_calls=[
+                {
+                    "index": 0,
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        ),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}]),
+        delta(tool_calls=[{"index": 1, "id": "call_2", "function": {"name": "now"}}]),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}]),
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    body = assemble(True, chunks)
+    message = body["choices"][0]["message"]
+    assert message["content"] is None
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "now"]
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    assert message["tool_calls"][0]["id"] == "call_1"
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_logprobs_and_several_choices():
+    def chunk(index, text, lp):
+        return {
+            "id": "c",
+            "choices": [
+                {"index": index, "delta": {"content": text}, "logprobs": {"content": [lp]}}
+            ],
+        }
+
+    body = assemble(
+        True, [chunk(1, "b", {"t": 1}), chunk(0, "a", {"t": 0}), chunk(1, "c", {"t": 2})]
+    )
+    first, second = body["choices"]
+    assert (first["index"], first["message"]["content"]) == (0, "a")
+    assert second["message"]["content"] == "bc"
+    assert second["logprobs"]["content"] == [{"t": 1}, {"t": 2}]

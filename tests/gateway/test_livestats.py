@@ -1,0 +1,109 @@
+"""Live statistics: windows roll with injected time, epochs separate evidence, memory is
+bounded, and shared-mode proposals wait for the store."""
+
+from __future__ import annotations
+
+from gateway.acceptance import Labels, Outcome, Signal, Status
+from gateway.livestats import LiveStats
+from gateway.windows import Window
+from policies.compiled import load_policy
+
+POLICY = load_policy(
+    """
+version: 1
+pools:
+  spec: {kind: speculative, model: m, num_speculative_tokens: 4, endpoints: ["http://a"]}
+  standard: {kind: standard, model: m, endpoints: ["http://b"]}
+ladder: [spec, standard]
+guardrail: {min_acceptance: 0.5, recover_above: 0.6, min_samples: 4, window_s: 60, cooldown_s: 10}
+rules: [{name: default, start: spec}]
+"""
+)
+KEY = "default / t>0.9 / ctx<4k"
+
+
+def outcome(rate: float, *, epoch: int = 0, pool: str = "spec", status=Status.OK) -> Outcome:
+    labels = Labels("m", "default", KEY, pool, 4 if pool == "spec" else None, epoch=epoch)
+    return Outcome(
+        labels,
+        status,
+        0.0,
+        1.0,
+        0.1,
+        0.02,
+        10,
+        40,
+        10,
+        Signal.PER_REQUEST,
+        drafted=40 if pool == "spec" else 0,
+        accepted=int(40 * rate) if pool == "spec" else 0,
+    )
+
+
+def test_window_drops_old_buckets():
+    w = Window(60)
+    w.bucket(0.0).requests += 1
+    w.bucket(30.0).requests += 1
+    assert w.total(59.0).requests == 2
+    assert w.total(62.5).requests == 1
+    assert w.total(95.0).requests == 0
+
+
+def test_falls_back_then_probes_then_recovers_with_a_fake_clock():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(3):
+        stats.record(outcome(0.2), float(t))
+    assert not stats.guards
+    stats.record(outcome(0.2), 3.0)
+    assert stats.guards[KEY].offset == 1
+    stats.tick(12.0)
+    assert stats.guards[KEY].phase == "fallen_back"
+    stats.tick(13.0)
+    probing = stats.guards[KEY]
+    assert probing.phase == "probing"
+    for t in range(4):
+        stats.record(outcome(0.9, epoch=probing.version), 14.0 + t)
+    assert stats.guards[KEY].offset == 0 and stats.guards[KEY].phase == "on"
+    assert [e.after.phase for e in stats.events] == ["fallen_back", "probing", "on"]
+
+
+def test_outcomes_of_an_older_epoch_do_not_count():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    version = stats.guards[KEY].version
+    for t in range(10):  # requests decided before the fall, finishing after it
+        stats.record(outcome(0.2, epoch=0), 4.0 + t)
+    assert stats.guards[KEY].version == version
+    assert stats.summary(20.0)[KEY]["pools"] == {}
+
+
+def test_cancelled_outcomes_are_not_evidence_and_errors_are_counted():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(10):
+        stats.record(outcome(0.1, status=Status.CANCELLED), float(t))
+    stats.record(outcome(0.1, status=Status.ERROR), 10.0)
+    assert not stats.guards
+    assert stats.summary(11.0)[KEY]["pools"]["spec"]["errors"] == 1
+
+
+def test_slices_are_capped_least_recently_used_first():
+    stats = LiveStats(lambda: POLICY, max_slices=3)
+    for i in range(5):
+        labels = Labels("m", "default", f"slice-{i}", "spec", 4)
+        stats.record(Outcome(labels, Status.OK, 0, 1, None, None, 1, 1, 1, Signal.NONE), 1.0)
+    assert list(stats.summary(1.0)) == ["slice-2", "slice-3", "slice-4"]
+
+
+def test_shared_mode_proposes_instead_of_applying():
+    stats = LiveStats(lambda: POLICY)
+    stats.shared = True
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    assert not stats.guards and list(stats.proposals) == [KEY]
+    for t in range(4):  # no second proposal while one is pending
+        stats.record(outcome(0.2), 5.0 + t)
+    proposals = stats.take_proposals()
+    assert list(proposals) == [KEY] and not stats.proposals
+    stats.apply(KEY, proposals[KEY])
+    assert stats.guards[KEY].offset == 1

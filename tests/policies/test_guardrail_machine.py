@@ -1,0 +1,106 @@
+"""The guardrail state machine, with a fake clock: table cases and properties."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.guardrail import (
+    ON_START,
+    Evidence,
+    Phase,
+    Rung,
+    SliceState,
+    judged_rung,
+    step,
+)
+from policies.model import Guardrail, GuardrailMode
+
+CONFIG = Guardrail(min_acceptance=0.5, recover_above=0.6, min_samples=10, cooldown_s=30)
+LADDER_K = (7, 3, None)  # spec-k7, spec-k3, standard
+
+
+def advance(state: SliceState, evidence: Evidence, now: float, config: Guardrail = CONFIG):
+    judged = judged_rung(state)
+    serving = state.offset
+    return step(
+        "s", state, evidence, Rung(LADDER_K[judged]), len(LADDER_K) - 1 - serving, config, now
+    )
+
+
+def test_falls_back_only_with_enough_samples():
+    assert advance(ON_START, Evidence(9, 0.1), 1.0) == (ON_START, None)
+    state, event = advance(ON_START, Evidence(10, 0.1), 1.0)
+    assert (state.offset, state.phase, state.since, state.version) == (1, Phase.FALLEN_BACK, 1.0, 1)
+    assert event is not None and "acceptance 0.100 < 0.5 over 10 requests" in event.reason
+    assert event.numbers == {"samples": 10.0, "acceptance": 0.1}
+
+
+def test_cooldown_then_probe_then_recover_or_stay_down():
+    fallen = SliceState(1, Phase.FALLEN_BACK, 100.0, 1)
+    assert advance(fallen, Evidence(), 129.9)[1] is None
+    probing, event = advance(fallen, Evidence(), 130.0)
+    assert probing.phase is Phase.PROBING and event is not None
+    assert advance(probing, Evidence(50, 0.9), 131.0)[0] == SliceState(0, Phase.ON, 131.0, 3)
+    down, event = advance(probing, Evidence(50, 0.55), 131.0)
+    assert down == SliceState(1, Phase.FALLEN_BACK, 131.0, 3)
+    assert event is not None and "staying down" in event.reason
+
+
+def test_recovering_to_a_middle_rung_keeps_probing_upward():
+    probing = SliceState(2, Phase.PROBING, 0.0, 4)
+    state, _ = advance(probing, Evidence(10, 0.7), 5.0)
+    assert state == SliceState(1, Phase.FALLEN_BACK, 5.0, 5)
+
+
+def test_standard_rung_is_never_judged_and_bottom_never_falls():
+    on_standard = SliceState(2, Phase.ON, 0.0, 3)
+    assert advance(on_standard, Evidence(100, 0.0), 1.0)[1] is None
+
+
+def test_speedup_mode_uses_leviathan_or_measured_ratio():
+    config = Guardrail(
+        mode=GuardrailMode.SPEEDUP, min_samples=5, min_speedup=1.0, draft_cost_ratio=0.1
+    )
+    # 0.08 at k=7 still emits ~1.56 tokens a step, but the k draft passes make the step
+    # cost 1.7x: slower than standard, whatever a bare threshold says
+    state, event = advance(ON_START, Evidence(5, 0.08), 1.0, config)
+    assert state.offset == 1 and event is not None
+    assert event.numbers["expected_speedup"] < 1.0
+    # a measured ratio wins over the formula
+    state, _ = advance(ON_START, Evidence(5, 0.08, speedup=1.4), 1.0, config)
+    assert state == ON_START
+
+
+evidence = st.builds(
+    Evidence,
+    st.integers(min_value=0, max_value=40),
+    st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
+    st.one_of(st.none(), st.floats(min_value=0.1, max_value=3)),
+)
+modes = st.sampled_from([GuardrailMode.THRESHOLD, GuardrailMode.SPEEDUP])
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.floats(min_value=0, max_value=20), evidence), max_size=60),
+    modes,
+    st.floats(min_value=0, max_value=60),
+)
+def test_never_leaves_the_ladder_and_never_flaps_faster_than_the_cooldown(steps, mode, cooldown):
+    config = CONFIG.model_copy(update={"mode": mode, "cooldown_s": cooldown})
+    state, now = ON_START, 0.0
+    last_fall = None
+    for gap, seen in steps:
+        now += gap
+        before = state
+        state, event = advance(state, seen, now, config)
+        assert 0 <= state.offset <= len(LADDER_K) - 1
+        if event is None:
+            assert state == before
+            continue
+        assert state.version == before.version + 1 and event.at == now
+        if state.offset > before.offset:
+            last_fall = now
+        if state.offset < before.offset:
+            assert last_fall is not None and now - last_fall >= cooldown
