@@ -119,6 +119,15 @@ class Upstream:
             await self._session.close()
             self._session = None
 
+    async def fetch_text(self, url: str, timeout_s: float) -> str:
+        """GET a small text page (a ``/metrics`` scrape); ``BackendError`` on failure."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        with _mapped(started=False):
+            async with asyncio.timeout(timeout_s), self._session.get(url) as response:
+                if response.status != 200:
+                    raise Unavailable(f"{url} answered {response.status}", response.status)
+                return await response.text()
+
     async def open(
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
     ) -> UpstreamStream:

@@ -49,6 +49,7 @@ class Labels:
     probe: bool = False
     tenant: str = ""
     epoch: int = 0
+    chunk_signal: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,7 @@ class Fold:
             accepted = int(self._metrics.get("num_accepted_draft_tokens") or 0)
             length = self._metrics.get("mean_acceptance_length")
             return Signal.PER_REQUEST, drafted, accepted, float(length) if length else None
-        if tokens >= 2 and self._chunks >= 2:
+        if self._labels.chunk_signal and tokens >= 2 and self._chunks >= 2:
             steps = self._chunks - 1
             accepted = min(max(tokens - self._chunks, 0), k * steps)
             return Signal.CHUNKS, k * steps, accepted, 1 + accepted / steps

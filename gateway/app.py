@@ -30,6 +30,7 @@ from gateway.flagstore import FlagStore
 from gateway.lifecycle import policy_changed, pool_specs, reload_policy, tick, watch_policy
 from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
+from gateway.scrape import PoolScraper
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
@@ -104,6 +105,7 @@ def build_services(
         telemetry=telemetry,
         shadow=shadow,
         record=record,
+        scraper=PoolScraper(pools, upstream, stats, wall, telemetry.pool_acceptance),
         defaults=Defaults(
             settings.default_temperature,
             settings.default_top_p,
@@ -149,6 +151,9 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
         tasks = [
             asyncio.create_task(watch_policy(services), name="policy-watch"),
             asyncio.create_task(tick(services), name="guardrail-tick"),
+            asyncio.create_task(
+                services.scraper.run(settings.scrape_interval_s), name="pool-scrape"
+            ),
         ]
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

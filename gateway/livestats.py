@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.acceptance import Outcome, Status
+from gateway.acceptance import Outcome, Signal, Status
 from gateway.windows import Counts, Window, total_since
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.guardrail import (
@@ -108,6 +108,7 @@ class LiveStats:
         self.guards: Mapping[str, SliceState] = MappingProxyType({})
         self.shared = False
         self.proposals: dict[str, Transition] = {}
+        self._unmeasured: dict[str, dict[str, int]] = {}
 
     def record(self, outcome: Outcome, now: float) -> None:
         labels = outcome.labels
@@ -123,7 +124,28 @@ class LiveStats:
         if window is None or window.window_s != window_s:
             window = entry.windows[labels.pool] = Window(window_s)
         _add(window.bucket(now), outcome)
+        if outcome.signal is Signal.SPEED and outcome.status is Status.OK:
+            per_slice = self._unmeasured.setdefault(labels.pool, {})
+            per_slice[labels.slice] = per_slice.get(labels.slice, 0) + 1
         self._step(labels.slice, entry, policy, now)
+
+    def pool_counters(self, pool: str, drafted: int, accepted: int, now: float) -> None:
+        """A pool's draft/accepted tokens since the last scrape (acceptance signal 3). They
+        become a slice's evidence only when that slice alone sent the pool requests that
+        carried no per-request signal; otherwise they cannot be told apart."""
+        served = self._unmeasured.pop(pool, {})
+        if len(served) != 1:
+            return
+        ((key, requests),) = served.items()
+        entry = self._slices.get(key)
+        window = entry.windows.get(pool) if entry else None
+        if entry is None or window is None:
+            return
+        counts = window.bucket(now)
+        counts.measured += requests
+        counts.drafted += drafted
+        counts.accepted += accepted
+        self._step(key, entry, self._policy(), now)
 
     def tick(self, now: float) -> None:
         """Step every slice that is not on its start rung (cooldowns end with time alone)."""

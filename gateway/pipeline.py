@@ -64,6 +64,7 @@ async def complete(services: Services, request: Request, kind: schema.Kind) -> R
         probe=decision.probe,
         tenant=features.tenant,
         epoch=decision.epoch,
+        chunk_signal=policy.pools[opened.spec.name].chunk_acceptance,
     )
     capture = _mirror(services, decision, features, payload, path, labels)
     relay = Relay(  # 6 measure, 7 feedback (on_done), 8 respond

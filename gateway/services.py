@@ -12,6 +12,7 @@ from gateway.classify import Defaults
 from gateway.flagstore import FlagStore
 from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
+from gateway.scrape import PoolScraper
 from gateway.settings import Settings
 from gateway.shadow import ShadowRunner
 from gateway.state import SharedState
@@ -32,4 +33,5 @@ class Services:
     telemetry: Telemetry
     shadow: ShadowRunner
     record: Callable[[Outcome], None]
+    scraper: PoolScraper
     defaults: Defaults

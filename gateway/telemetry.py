@@ -7,7 +7,7 @@ go to a Prometheus registry owned by the app (and to OTLP too when an endpoint i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -42,6 +42,7 @@ class Telemetry:
     _meters: MeterProvider
     _tracers: TracerProvider | None
     degraded: bool = False
+    pool_acceptance: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, otlp_endpoint: str | None = None) -> Telemetry:
@@ -103,6 +104,16 @@ class Telemetry:
             "speclane_state_degraded",
             callbacks=[lambda options: [Observation(1 if telemetry.degraded else 0)]],
             description="1 while the shared store is unreachable and state is local only",
+        )
+        meter.create_observable_gauge(
+            "speclane_pool_draft_acceptance_rate",
+            callbacks=[
+                lambda options: [
+                    Observation(rate, {"pool": pool})
+                    for pool, rate in telemetry.pool_acceptance.items()
+                ]
+            ],
+            description="accepted / drafted tokens of a speculative pool over the last scrape",
         )
         return telemetry
 

@@ -44,6 +44,12 @@ class Pool(_Strict):
     endpoints: Annotated[list[Annotated[str, Field(pattern=r"^https?://")]], Field(min_length=1)]
     num_speculative_tokens: Annotated[int, Field(ge=1, le=32)] | None = None
     timeouts: Timeouts = Timeouts()
+    chunk_acceptance: bool = Field(
+        True,
+        description="estimate acceptance from tokens per streamed chunk when the server "
+        "reports none per request; turn off for servers that merge engine steps into one "
+        "chunk (vLLM --stream-interval > 1), then the pool's counters or speed are used",
+    )
     cost_per_hour: Annotated[float, Field(ge=0)] | None = None
 
     @model_validator(mode="after")

@@ -54,6 +54,11 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--zero-latency", action="store_true", help="answer at once (overhead benchmarks)")
     add("--drift", default="", help="e.g. code@60=0.1,code@120=0.82 (workload@s=acceptance)")
     add("--no-spec-metrics", action="store_true", help="report no draft tokens (vllm-neuron)")
+    add(
+        "--no-per-request-metrics",
+        action="store_true",
+        help="counters only, like vLLM without --per-request-spec-decode-metrics",
+    )
     add("--stream-interval", type=int, default=1, help="engine steps per SSE chunk")
     add("--default-max-tokens", type=int, default=256)
     add("--max-model-len", type=int, default=32768)
@@ -82,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         drift=parse_drift(args.drift),
         faults=faults,
         report_spec_metrics=not args.no_spec_metrics,
+        per_request_metrics=not args.no_per_request_metrics,
         stream_interval=args.stream_interval,
         default_max_tokens=args.default_max_tokens,
         max_model_len=args.max_model_len,

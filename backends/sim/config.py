@@ -54,6 +54,8 @@ class SimConfig:
     ``drift`` times are seconds since the server started (wall seconds for the HTTP server,
     virtual seconds for ``backends/sim/virtual.py``). ``report_spec_metrics=False`` emulates
     vllm-neuron: no per-request ``speculative_decoding`` and draft counters that stay at 0.
+    ``per_request_metrics=False`` emulates vLLM started without
+    ``--per-request-spec-decode-metrics``: counters on /metrics, nothing per request.
     ``stream_interval`` > 1 merges that many engine steps into one SSE chunk.
     """
 
@@ -69,6 +71,7 @@ class SimConfig:
     drift: tuple[DriftPoint, ...] = ()
     faults: Faults = field(default_factory=Faults)
     report_spec_metrics: bool = True
+    per_request_metrics: bool = True
     stream_interval: int = 1
     default_max_tokens: int = 256
     max_model_len: int = 32768
@@ -90,7 +93,7 @@ class SimConfig:
     @property
     def reports_spec(self) -> bool:
         """Whether responses carry ``metrics.speculative_decoding``."""
-        return self.speculative and self.report_spec_metrics
+        return self.speculative and self.report_spec_metrics and self.per_request_metrics
 
 
 def parse_drift(text: str) -> tuple[DriftPoint, ...]:
