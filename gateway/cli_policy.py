@@ -191,18 +191,19 @@ def _pairs(items: Sequence[str], option: str) -> dict[str, str]:
 
 def _rich(result: Explanation) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     features = Table(title="features", show_header=False)
     for name, value in feature_rows(result.features):
-        features.add_row(name, value)
+        features.add_row(escape(name), escape(value))
     rules = Table(title="rules tried, in order")
     for column in ("#", "rule", "result", "why"):
         rules.add_column(column)
     for t in result.trials:
         verdict = "[green]match[/]" if t.matched else "[dim]no[/]"
-        rules.add_row(str(t.index), t.rule, verdict, t.why)
+        rules.add_row(str(t.index), escape(t.rule), verdict, escape(t.why))
     d = result.decision
     decision = Table(title="decision", show_header=False)
     for name, value in [
@@ -214,7 +215,7 @@ def _rich(result: Explanation) -> None:
         *[(f"flag {n}", v) for n, v in result.flags.items()],
         *([("shadow copy to", d.shadow_to)] if d.shadow_to else []),
     ]:
-        decision.add_row(name, value)
+        decision.add_row(escape(name), escape(value))
     for table in (features, rules, decision):
         console.print(table)
 

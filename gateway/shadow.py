@@ -86,6 +86,10 @@ class ShadowRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self.canary: dict[str, CanaryCounts] = {}
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
     def mirror(
         self,
         pool: str,

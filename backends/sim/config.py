@@ -27,7 +27,8 @@ class Faults:
     ``error_rate``: answer 500 before the first byte. ``spike_rate`` / ``spike_s``: wait
     ``spike_s`` (scaled by ``time_scale``) before the first byte. ``die_rate`` /
     ``die_after_chunks``: a streamed answer's connection drops after that many SSE chunks,
-    with no ``[DONE]``. ``overloaded``: every request gets 503.
+    with no ``[DONE]``. ``overloaded``: every request gets 503. ``greedy_mismatch``: the
+    fraction of greedy (temperature 0) answers whose text diverges from a standard server's.
     """
 
     error_rate: float = 0.0
@@ -36,9 +37,10 @@ class Faults:
     die_rate: float = 0.0
     die_after_chunks: int = 3
     overloaded: bool = False
+    greedy_mismatch: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("error_rate", "spike_rate", "die_rate"):
+        for name in ("error_rate", "spike_rate", "die_rate", "greedy_mismatch"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {value}")

@@ -190,14 +190,21 @@ class RequestProfile:
     acceptance: float
     seed_key: str
     tool_name: str | None = None
+    text_key: str = ""
+
+    def _key(self, stream: str) -> str:
+        # The answer's text follows text_key: for a greedy request that is its content, so
+        # a speculative and a standard server give the same text, as real greedy decoding.
+        base = self.text_key if stream == "text" and self.text_key else self.seed_key
+        return f"{base}:{stream}"
 
     def rng(self, stream: str) -> random.Random:
         """An independent random stream of this request (``"steps"``, ``"text"``...)."""
-        return random.Random(f"{self.seed_key}:{stream}")
+        return random.Random(self._key(stream))
 
     def draw(self, stream: str) -> int:
         """One 64-bit number of this request; cheaper than a ``Random`` for a single draw."""
-        return draw(f"{self.seed_key}:{stream}")
+        return draw(self._key(stream))
 
 
 def draw(key: str) -> int:
@@ -215,12 +222,16 @@ def build_profile(
     model: AcceptanceModel | None = None,
     drift: Sequence[DriftPoint] = (),
     overrides: Mapping[Workload, float] | None = None,
+    greedy_mismatch: float = 0.0,
 ) -> RequestProfile:
     """Profile the ``index``-th request a server with ``seed`` receives.
 
     Same seed and same request order give the same profiles, hence the same numbers. The
     answer ends naturally (``stop``/``tool_calls``) at a length drawn per workload, unless
-    ``max_tokens`` cuts it first (``length``) or ``ignore_eos`` is set.
+    ``max_tokens`` cuts it first (``length``) or ``ignore_eos`` is set. A greedy request
+    (temperature 0) gets text and length from its content alone, the same on every server;
+    ``greedy_mismatch`` is the fraction of greedy answers that diverge anyway (a broken
+    speculative server, for the gateway's correctness canary).
     """
     model = model or AcceptanceModel()
     text = prompt_text(body)
@@ -231,8 +242,13 @@ def build_profile(
     base = base_acceptance(workload, now_s=now_s, model=model, drift=drift, overrides=overrides)
     a = model.acceptance(base, temperature=temperature_of(body), prompt_tokens=prompt_tokens)
     seed_key = f"{seed}:{index}"
+    text_key = seed_key
+    if temperature_of(body) == 0:
+        text_key = "greedy:" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        if draw(f"{seed_key}:mismatch") / 2**64 < greedy_mismatch:
+            text_key += ":diverged"
     low, high = NATURAL_TOKENS[workload]
-    natural = low + draw(f"{seed_key}:length") % (high - low + 1)
+    natural = low + draw(f"{text_key}:length") % (high - low + 1)
     if body.get("ignore_eos") is True:  # vLLM's benchmark switch: always run to max_tokens
         natural = max_tokens + 1
     tool_name = forced_tool_name(body)
@@ -246,4 +262,5 @@ def build_profile(
         acceptance=a,
         seed_key=seed_key,
         tool_name=tool_name,
+        text_key=text_key,
     )

@@ -159,6 +159,7 @@ class SimServer:
             model=config.acceptance,
             drift=config.drift,
             overrides=self.overrides,
+            greedy_mismatch=self.faults.greedy_mismatch if config.speculative else 0.0,
         )
         prefix = "chatcmpl-" if ask.chat else "cmpl-"
         answer = Answer(

@@ -128,9 +128,21 @@ def _code_body(**extra: object) -> dict[str, object]:
 def test_profile_is_deterministic_per_seed_and_index() -> None:
     one = build_profile(_code_body(), seed=7, index=3, max_tokens=64)
     assert one == build_profile(_code_body(), seed=7, index=3, max_tokens=64)
-    others = {build_profile(_code_body(), seed=7, index=i, max_tokens=1000) for i in range(20)}
+    sampled = _code_body(temperature=0.7)
+    others = {build_profile(sampled, seed=7, index=i, max_tokens=1000) for i in range(20)}
     assert len({p.output_tokens for p in others}) > 5
     assert one.workload is Workload.CODE and one.acceptance == pytest.approx(0.82, abs=0.01)
+
+
+def test_greedy_text_follows_the_content_on_every_server() -> None:
+    profiles = [
+        build_profile(_code_body(), seed=seed, index=i, max_tokens=1000)
+        for seed, i in ((0, 0), (7, 3), (9, 40))
+    ]
+    assert len({(p.output_tokens, p.draw("text"), p.text_key) for p in profiles}) == 1
+    assert len({p.draw("steps") for p in profiles}) == 3  # acceptance still varies
+    broken = build_profile(_code_body(), seed=0, index=0, max_tokens=1000, greedy_mismatch=1.0)
+    assert broken.draw("text") != profiles[0].draw("text")
 
 
 def test_profile_length_and_finish_reason() -> None:

@@ -296,6 +296,7 @@ async def test_control_drift_takes_effect_and_clears(sim_server: Server) -> None
         "die_rate": 0.0,
         "die_after_chunks": 3,
         "overloaded": False,
+        "greedy_mismatch": 0.0,
     }
     assert final["outcomes"]["requests"] == 2 and final["outcomes"]["completed"] == 2
 

@@ -1,0 +1,238 @@
+"""Drive the demo's traffic through the gateway and record what every request saw.
+
+``concurrency`` workers each send one streamed request at a time, taking the next one from
+the seeded mix, until the run's duration is over; requests still in flight then finish.
+Client-side timing: TTFT is send to first content chunk, time per output token is first to
+last content chunk over the tokens after the first. The usage chunk's
+``metrics.speculative_decoding`` is kept when the speculative pool reports it. A drift task
+makes the speculative pool's code acceptance collapse and recover on schedule, and a watcher
+polls the admin API for guardrail events as they happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from backends.sim.model import DEFAULT_BASE
+from backends.sim.workload import Workload
+from gateway.demo.workload import DemoRequest, Mix
+
+COLLAPSED_ACCEPTANCE = 0.05
+
+
+@dataclass(slots=True)
+class Result:
+    """One request as the client saw it; ``at`` is seconds since the run started."""
+
+    index: int
+    workload: Workload
+    at: float
+    body: dict[str, Any]
+    pool: str = ""
+    rule: str = ""
+    slice: str = ""
+    reason: str = ""
+    status: int = 0
+    error: str = ""
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    completion_tokens: int = 0
+    spec_steps: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    done_at: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+    @property
+    def mirrored(self) -> bool:
+        return "mirrored to" in self.reason
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """When (fractions of the run) the speculative pool's code acceptance collapses, recovers."""
+
+    collapse_at: float = 0.35
+    recover_at: float = 0.65
+    collapsed: float = COLLAPSED_ACCEPTANCE
+    healthy: float = DEFAULT_BASE[Workload.CODE]
+
+
+@dataclass(slots=True)
+class RunState:
+    """Everything the run has produced so far; the live display reads it."""
+
+    duration_s: float
+    started: float = 0.0
+    results: list[Result] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    drift_marks: dict[str, float] = field(default_factory=dict)
+    wall_start: float = 0.0
+    finished: bool = False
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started if self.started else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    gateway: str
+    spec: str
+    admin_token: str
+
+
+async def run(
+    target: Target,
+    mix: Mix,
+    state: RunState,
+    *,
+    concurrency: int,
+    drift: Drift,
+    poll_s: float = 0.5,
+) -> None:
+    """Send traffic for ``state.duration_s`` seconds; fills ``state`` as it goes."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(120.0, connect=5.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        state.started = time.perf_counter()
+        state.wall_start = time.time()
+        counter = itertools.count()
+        background = [
+            asyncio.create_task(_drift(client, target.spec, state, drift)),
+            asyncio.create_task(_watch(client, target, state, poll_s)),
+        ]
+        try:
+            workers = (
+                _worker(client, target.gateway, mix, counter, state) for _ in range(concurrency)
+            )
+            await asyncio.gather(*workers)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+        state.events = await guardrail_events(client, target)
+        state.finished = True
+
+
+async def _worker(
+    client: httpx.AsyncClient,
+    url: str,
+    mix: Mix,
+    counter: itertools.count[int],
+    state: RunState,
+) -> None:
+    while state.elapsed() < state.duration_s:
+        request = mix.request(next(counter))
+        state.results.append(await send(client, url, request, state.elapsed))
+
+
+async def send(
+    client: httpx.AsyncClient, url: str, request: DemoRequest, now: Callable[[], float]
+) -> Result:
+    """Send one streamed request and time it; never raises for HTTP or stream failures."""
+    result = Result(request.index, request.workload, now(), dict(request.body))
+    sent = time.perf_counter()
+    try:
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=request.body, headers=request.headers
+        ) as response:
+            result.status = response.status_code
+            h = response.headers
+            result.pool, result.rule = h.get("x-speclane-pool", ""), h.get("x-speclane-rule", "")
+            result.slice, result.reason = (
+                h.get("x-speclane-slice", ""),
+                h.get("x-speclane-reason", ""),
+            )
+            if response.status_code != 200:
+                result.error = (await response.aread()).decode(errors="replace")[:200]
+            else:
+                await _read_stream(response, result, sent)
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.done_at = now()
+    return result
+
+
+async def _read_stream(response: httpx.Response, result: Result, sent: float) -> None:
+    first = last = None
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = orjson.loads(line[6:])
+        if "error" in chunk and not chunk.get("choices"):
+            result.error = str(chunk["error"])[:200]
+            return
+        choices = chunk.get("choices") or []
+        delta = choices[0].get("delta", {}) if choices else {}
+        if delta.get("content") or delta.get("tool_calls"):
+            last = time.perf_counter()
+            first = first or last
+        if chunk.get("usage"):
+            _usage(result, chunk)
+    if first is not None and last is not None:
+        result.ttft_s = first - sent
+        if result.completion_tokens > 1:
+            result.tpot_s = (last - first) / (result.completion_tokens - 1)
+
+
+def _usage(result: Result, chunk: dict[str, Any]) -> None:
+    result.completion_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+    metrics = chunk.get("metrics") or {}
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if isinstance(spec, dict):
+        result.spec_steps = int(spec.get("num_spec_steps") or 0)
+        result.accepted = int(spec.get("num_accepted_draft_tokens") or 0)
+        result.drafted = int(spec.get("num_draft_tokens") or 0)
+
+
+async def _drift(client: httpx.AsyncClient, spec: str, state: RunState, drift: Drift) -> None:
+    steps = (
+        ("collapse", drift.collapse_at, drift.collapsed),
+        ("recover", drift.recover_at, None),
+    )
+    for name, fraction, value in steps:
+        await asyncio.sleep(max(fraction * state.duration_s - state.elapsed(), 0.0))
+        body = {"acceptance": {Workload.CODE.value: value}}
+        response = await client.post(spec + "/sim/control", json=body)
+        response.raise_for_status()
+        state.drift_marks[name] = state.elapsed()
+
+
+async def guardrail_events(client: httpx.AsyncClient, target: Target) -> list[dict[str, Any]]:
+    response = await client.get(
+        target.gateway + "/admin/guardrail", headers=_auth(target), params={"limit": 1000}
+    )
+    response.raise_for_status()
+    events: list[dict[str, Any]] = response.json()["events"]
+    return events
+
+
+async def admin_get(client: httpx.AsyncClient, target: Target, path: str) -> dict[str, Any]:
+    response = await client.get(target.gateway + path, headers=_auth(target))
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def _watch(client: httpx.AsyncClient, target: Target, state: RunState, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        try:
+            state.events = await guardrail_events(client, target)
+        except httpx.HTTPError:
+            continue  # the display shows the last events it got; the summary fetches again
+
+
+def _auth(target: Target) -> dict[str, str]:
+    return {"authorization": f"Bearer {target.admin_token}"}
