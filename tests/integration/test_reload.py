@@ -1,0 +1,122 @@
+"""Hot reload against a running gateway: the file watch, SIGHUP, a bad file kept out, and
+requests in flight finishing under the policy they started with."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.fakes import Behaviour, FakeUpstream
+from tests.gateways import fake_stack, policy_yaml
+from tests.servers import free_port, serving
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+TO_STANDARD = "\nrules:\n  - name: default\n    start: standard\n"
+
+
+async def pool(c: httpx.AsyncClient, url: str) -> str:
+    r = await c.post(url + "/v1/chat/completions", json=CHAT)
+    return r.headers["x-speclane-pool"]
+
+
+async def eventually(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_file_change_reloads_and_a_bad_file_is_kept_out(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), policy_watch_s=0.05) as (url, svc),
+        httpx.AsyncClient() as c,
+    ):
+        path = svc.policy.path
+        good = path.read_text()
+        assert await pool(c, url) == "spec"
+        path.write_text(good.replace("start: spec", "start: spec\n    colour: red"))
+        await eventually(lambda: _async(bool(svc.policy.last_error)))
+        assert "unknown key 'colour'" in svc.policy.last_error[0]
+        assert await pool(c, url) == "spec"
+        metrics = (await c.get(url + "/metrics")).text
+        assert "speclane_policy_reloads_total{" in metrics and 'result="rejected"' in metrics
+        path.write_text(good.split("\nrules:")[0] + TO_STANDARD)
+
+        async def switched() -> bool:
+            return await pool(c, url) == "standard"
+
+        await eventually(switched)
+        assert svc.policy.last_error == ()
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_requests_in_flight_keep_the_policy_they_started_with(tmp_path):
+    slow = FakeUpstream(Behaviour(chunk_delay_s=0.05))
+    async with (
+        fake_stack(tmp_path, slow.app(), slow.app(), admin_token="t") as (url, svc),
+        httpx.AsyncClient() as c,
+    ):
+        path = svc.policy.path
+        body = {**CHAT, "stream": True}
+        async with c.stream("POST", url + "/v1/chat/completions", json=body) as streaming:
+            chunks = streaming.aiter_bytes()
+            first = await anext(chunks)
+            path.write_text(path.read_text().split("\nrules:")[0] + TO_STANDARD)
+            reload = await c.post(
+                url + "/admin/policy/reload", headers={"authorization": "Bearer t"}
+            )
+            assert reload.status_code == 200
+            assert await pool(c, url) == "standard"  # new requests: the new policy
+            rest = b"".join([chunk async for chunk in chunks])
+        assert streaming.headers["x-speclane-pool"] == "spec"
+        assert first and rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_sighup_reloads_a_running_process(tmp_path):
+    fake = FakeUpstream()
+    async with serving(fake.app()) as spec, serving(fake.app()) as std:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_yaml([spec], [std]))
+        port = free_port()
+        env = {
+            **os.environ,
+            "SPECLANE_POLICY": str(policy),
+            "SPECLANE_PORT": str(port),
+            "SPECLANE_POLICY_WATCH_S": "3600",  # only the signal may reload
+        }
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with httpx.AsyncClient() as c:
+
+                async def up() -> bool:
+                    try:
+                        return (await c.get(url + "/healthz")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await eventually(up, timeout=15)
+                assert await pool(c, url) == "spec"
+                policy.write_text(policy.read_text().split("\nrules:")[0] + TO_STANDARD)
+                process.send_signal(signal.SIGHUP)
+
+                async def switched() -> bool:
+                    return await pool(c, url) == "standard"
+
+                await eventually(switched)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
