@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backends.sim import cli as sim_cli
-from gateway import cli_flags
+from gateway import cli_flags, cli_policy
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", help="share state through Redis (or SPECLANE_REDIS_URL)")
     serve.set_defaults(run=_serve)
     cli_flags.add_parser(commands)
+    cli_policy.add_parser(commands)
     sim_cli.add_parser(commands).set_defaults(run=sim_cli.run)
     return parser
 

@@ -1,6 +1,7 @@
 """Checks that look across the policy file: references, ladders, ranges, reachability.
 
-Each check returns problems with a path; ``policies/load.py`` places them in the file.
+Each check returns problems with a path; ``policies/lint.py`` places them in the file.
+Rules that can never match are found with ``policies.match.covers``.
 Pure; no I/O.
 """
 
@@ -8,16 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from policies.model import (
-    KILL_SWITCH,
-    SHADOW,
-    STANDARD,
-    Match,
-    PolicyFile,
-    PoolKind,
-    Range,
-)
-from policies.problems import Problem, Severity
+from policies.match import LISTS, RANGES, covers, satisfiable
+from policies.model import KILL_SWITCH, SHADOW, STANDARD, Match, PolicyFile, PoolKind, Range, Rule
+from policies.problems import Path, Problem, Severity, closest
 
 
 def ladders_of(policy: PolicyFile) -> dict[str, list[str]]:
@@ -35,6 +29,8 @@ def check(policy: PolicyFile) -> list[Problem]:
     return [
         *_ladder_problems(policy),
         *_rule_problems(policy),
+        *_model_problems(policy),
+        *_shadowed(policy.rules),
         *_band_problems(policy),
         *_guardrail_problems(policy),
     ]
@@ -46,17 +42,16 @@ def _ladder_problems(policy: PolicyFile) -> Iterator[Problem]:
             ("ladder",),
             "give exactly one of 'ladder' (one model) or 'ladders' (by model)",
             "for one model write: ladder: [spec-k7, standard]",
+            code="ladder",
         )
         return
     named = {"": policy.ladder} if policy.ladder is not None else dict(policy.ladders or {})
     for model, rungs in named.items():
-        base: tuple[str | int, ...] = ("ladder",) if model == "" else ("ladders", model)
+        base: Path = ("ladder",) if model == "" else ("ladders", model)
         yield from _one_ladder(policy, base, model, rungs)
 
 
-def _one_ladder(
-    policy: PolicyFile, base: tuple[str | int, ...], model: str, rungs: list[str]
-) -> Iterator[Problem]:
+def _one_ladder(policy: PolicyFile, base: Path, model: str, rungs: list[str]) -> Iterator[Problem]:
     if not rungs:
         yield Problem(base, "a ladder needs at least one pool", "end it with a standard pool")
         return
@@ -64,71 +59,158 @@ def _one_ladder(
     for i, name in enumerate(rungs):
         pool = policy.pools.get(name)
         if pool is None:
-            yield Problem((*base, i), f"no pool named {name!r}", _choices(policy.pools))
+            hint = _choices(policy.pools)
+            yield Problem((*base, i), f"no pool named {name!r}", hint, code="unknown-pool")
             continue
         models.add(pool.model)
         if model and pool.model != model:
-            yield Problem((*base, i), f"pool {name!r} serves {pool.model!r}, not {model!r}")
+            yield _wrong_model(policy, (*base, i), name, pool.model, model)
     if len(set(rungs)) != len(rungs):
-        yield Problem(base, "a pool appears twice on the ladder")
-    if len(models) > 1:
-        yield Problem(base, f"one ladder serves one model, this one mixes {sorted(models)}")
+        yield Problem(base, "a pool appears twice on the ladder", code="ladder")
+    if not model and len(models) > 1:
+        message = f"one ladder serves one model, this one mixes {sorted(models)}"
+        yield Problem(base, message, "use 'ladders' with one ladder per model", code="ladder")
     last = policy.pools.get(rungs[-1])
     if last is not None and last.kind is not PoolKind.STANDARD:
         yield Problem(
             (*base, len(rungs) - 1),
-            "the ladder must end on a standard pool",
+            f"the ladder must end on a standard pool, not {rungs[-1]!r}",
             "falling back needs somewhere without speculation to land",
+            code="ladder",
         )
+
+
+def _wrong_model(policy: PolicyFile, at: Path, name: str, serves: str, model: str) -> Problem:
+    message = f"pool {name!r} serves {serves!r}, not {model!r}"
+    hint = ""
+    if name in (policy.ladders or {}).get(serves, ()):
+        message += f", and is on the ladder of {serves!r} too"
+        hint = "a pool serves one model; give each model its own pools"
+    return Problem(at, message, hint, code="ladder")
 
 
 def _rule_problems(policy: PolicyFile) -> Iterator[Problem]:
-    ladders = ladders_of(policy)
-    on_ladders = {p for rungs in ladders.values() for p in rungs}
+    on_ladders = {p for rungs in ladders_of(policy).values() for p in rungs}
     seen: set[str] = set()
     for i, rule in enumerate(policy.rules):
-        at = ("rules", i)
+        at: Path = ("rules", i)
         if rule.name in seen:
-            yield Problem((*at, "name"), f"rule name {rule.name!r} is used twice")
+            message = f"rule name {rule.name!r} is used twice"
+            yield Problem((*at, "name"), message, "rule names must be unique", code="duplicate")
         seen.add(rule.name)
-        if rule.start not in (SHADOW, STANDARD) and rule.start not in on_ladders:
-            yield Problem(
-                (*at, "start"),
-                f"start {rule.start!r} is not a pool on a ladder",
-                f"use one of {sorted(on_ladders | {SHADOW, STANDARD})}",
-            )
-        if rule.shadow_to is not None and rule.shadow_to not in on_ladders:
-            yield Problem((*at, "shadow_to"), f"no pool {rule.shadow_to!r} on a ladder")
-        if rule.flag is not None and rule.flag not in policy.flags and rule.flag != KILL_SWITCH:
-            yield Problem(
-                (*at, "flag"),
-                f"flag {rule.flag!r} is not declared under 'flags'",
-                "declare it with a default, or it starts enabled",
-                Severity.WARNING,
-            )
+        yield from _references(policy, rule, at, on_ladders)
         yield from _match_problems(rule.match, (*at, "match"))
-    last = policy.rules[-1]
-    if last.match != Match():
+    yield from _unused_flags(policy)
+    last = len(policy.rules) - 1
+    if not covers(policy.rules[last].match, Match()):
         yield Problem(
-            ("rules", len(policy.rules) - 1),
+            ("rules", last),
             "the last rule must match everything (a default)",
             "add a rule with no 'match', e.g. {name: default, start: standard}",
+            code="no-default",
         )
 
 
-def _match_problems(match: Match, at: tuple[str | int, ...]) -> Iterator[Problem]:
-    ranges: dict[str, Range | None] = {
-        "temperature": match.temperature,
-        "top_p": match.top_p,
-        "context_tokens": match.context_tokens,
-        "max_tokens": match.max_tokens,
-    }
-    for name, value in ranges.items():
+def _references(
+    policy: PolicyFile, rule: Rule, at: Path, on_ladders: set[str]
+) -> Iterator[Problem]:
+    """The pools and the flag one rule names."""
+    if rule.start not in (SHADOW, STANDARD) and rule.start not in on_ladders:
+        what = "a pool on a ladder" if rule.start in policy.pools else "a pool"
+        yield Problem(
+            (*at, "start"),
+            f"start {rule.start!r} is not {what}",
+            f"use one of {sorted(on_ladders | {SHADOW, STANDARD})}",
+            code="unknown-pool",
+        )
+    if rule.shadow_to is not None and rule.shadow_to not in on_ladders:
+        message = f"no pool {rule.shadow_to!r} on a ladder"
+        yield Problem((*at, "shadow_to"), message, _choices(on_ladders), code="unknown-pool")
+    if rule.flag is not None and rule.flag not in policy.flags and rule.flag != KILL_SWITCH:
+        close = closest(rule.flag, policy.flags)
+        hint = "declare it with a default, or it starts enabled"
+        yield Problem(
+            (*at, "flag"),
+            f"flag {rule.flag!r} is not declared under flags",
+            f"did you mean {close!r}? ({hint})" if close else hint,
+            Severity.WARNING,
+            code="undeclared-flag",
+        )
+
+
+def _unused_flags(policy: PolicyFile) -> Iterator[Problem]:
+    named = {rule.flag for rule in policy.rules if rule.flag}
+    for name in sorted(set(policy.flags) - named - {KILL_SWITCH}):
+        close = closest(name, named - set(policy.flags))
+        hint = f"did you mean {close!r} in a rule?" if close else "refer to it with flag: NAME"
+        message = f"flag {name!r} is declared but no rule uses it"
+        yield Problem(("flags", name), message, hint, Severity.WARNING, code="unused-flag")
+
+
+def _match_problems(match: Match, at: Path) -> Iterator[Problem]:
+    for name in RANGES:
+        value: Range | None = getattr(match, name)
         if value and value.min is not None and value.max is not None and value.min > value.max:
-            yield Problem((*at, name), f"empty range: min {value.min} > max {value.max}")
-    for name in ("endpoint", "model", "response_format", "tenant"):
+            message = f"empty range: min {value.min:g} > max {value.max:g}"
+            yield Problem((*at, name), message, "swap min and max", code="empty-range")
+    for name in LISTS:
         if getattr(match, name) == []:
-            yield Problem((*at, name), "an empty list matches nothing", "remove the key")
+            message = "an empty list matches nothing"
+            yield Problem((*at, name), message, "remove the key", code="empty-list")
+
+
+def _model_problems(policy: PolicyFile) -> Iterator[Problem]:
+    """Several models: rules whose start pool serves another model than the ones they match."""
+    if policy.ladders is None:
+        return
+    served = set(policy.ladders)
+    for i, rule in enumerate(policy.rules):
+        wanted = rule.match.model or []
+        for model in sorted(set(wanted) - served):
+            message = f"no ladder serves model {model!r}"
+            at: Path = ("rules", i, "match", "model")
+            yield Problem(
+                at, message, f"ladders serve {sorted(served)}", Severity.WARNING, code="model"
+            )
+        pool = policy.pools.get(rule.start)
+        if pool is None or not wanted:
+            continue
+        others = sorted(set(wanted) & served - {pool.model})
+        if pool.model not in wanted:
+            yield Problem(
+                ("rules", i, "start"),
+                f"start {rule.start!r} serves {pool.model!r}, but the rule matches only {wanted}",
+                f"start on a pool of {wanted[0]!r}, or add {pool.model!r} to match.model",
+                code="model",
+            )
+        elif others:
+            message = f"start {rule.start!r} serves only {pool.model!r}: {others} start on standard"
+            hint = "give each model its own rule"
+            yield Problem(("rules", i, "start"), message, hint, Severity.WARNING, code="model")
+
+
+def _shadowed(rules: list[Rule]) -> Iterator[Problem]:
+    for j, later in enumerate(rules):
+        if not satisfiable(later.match):
+            continue
+        for earlier in rules[:j]:
+            if covers(earlier.match, later.match):
+                yield _shadow_problem(earlier, j, later)
+                break
+
+
+def _shadow_problem(earlier: Rule, j: int, later: Rule) -> Problem:
+    message = (
+        f"rule {later.name!r} can never match: the earlier rule {earlier.name!r} "
+        "matches every request it would"
+    )
+    if earlier.match == Match():
+        hint = f"{earlier.name!r} has no match and takes everything; move it last"
+    else:
+        hint = f"move {later.name!r} above {earlier.name!r}, or narrow {earlier.name!r}"
+    if earlier.flag is not None or earlier.rollout is not None:
+        hint += " (first match wins whatever its flag or rollout)"
+    return Problem(("rules", j), message, hint, code="shadowed-rule")
 
 
 def _band_problems(policy: PolicyFile) -> Iterator[Problem]:
@@ -138,26 +220,26 @@ def _band_problems(policy: PolicyFile) -> Iterator[Problem]:
     }
     for name, edges in bands.items():
         if edges != sorted(set(edges)):
-            yield Problem(("slices", name), "band edges must be strictly ascending")
+            message = "band edges must be strictly ascending"
+            yield Problem(("slices", name), message, f"e.g. {sorted(set(edges))}", code="bands")
 
 
 def _guardrail_problems(policy: PolicyFile) -> Iterator[Problem]:
     base = policy.guardrail
+    hint = "set recover_above a little above min_acceptance"
     if base.recover_above < base.min_acceptance:
-        yield Problem(
-            ("guardrail", "recover_above"),
-            "recover_above is below min_acceptance: a slice would flap",
-            "set recover_above a little above min_acceptance",
-        )
+        message = "recover_above is below min_acceptance: a slice would flap"
+        yield Problem(("guardrail", "recover_above"), message, hint, code="guardrail")
     for i, rule in enumerate(policy.rules):
         if rule.guardrail is None:
             continue
         merged = rule.guardrail.apply(base)
         if merged.recover_above < merged.min_acceptance:
-            yield Problem(
-                ("rules", i, "guardrail"),
-                "recover_above is below min_acceptance: the slice would flap",
+            message = (
+                f"recover_above {merged.recover_above:g} is below min_acceptance "
+                f"{merged.min_acceptance:g}: the slice would flap"
             )
+            yield Problem(("rules", i, "guardrail"), message, hint, code="guardrail")
 
 
 def _choices(names: Iterable[str]) -> str:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from policies.checks import check, ladders_of
+from policies.checks import ladders_of
 from policies.features import Features
-from policies.load import Loaded, parse
+from policies.lint import lint
 from policies.match import Matcher
 from policies.model import SHADOW, STANDARD, Guardrail, PolicyFile, Pool, PoolKind, Rule
-from policies.problems import PolicyError, Problem, Severity
+from policies.problems import PolicyError, Problem
 from policies.slices import Slicer
 
 
@@ -98,10 +98,11 @@ def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> Co
 
 
 def load_policy(text: str, filename: str = "<policy>") -> CompiledPolicy:
-    """Parse, check and compile a policy file's text; ``PolicyError`` lists every error."""
-    loaded: Loaded = parse(text, filename)
-    problems = [loaded.positions.place(p) for p in check(loaded.policy)]
-    errors = [p for p in problems if p.severity is Severity.ERROR]
-    if errors:
-        raise PolicyError(filename, errors)
-    return compile_policy(loaded.policy, tuple(problems))
+    """Lint and compile a policy file's text; ``PolicyError`` lists every error lint finds.
+
+    Warnings do not stop a policy; they are kept in ``CompiledPolicy.warnings``.
+    """
+    report = lint(text, filename)
+    if report.errors or report.policy is None:
+        raise PolicyError(filename, list(report.errors))
+    return compile_policy(report.policy, report.warnings)

@@ -2,7 +2,9 @@
 
 YAML is composed into nodes (PyYAML keeps their marks), turned into plain values while the
 position of every key and value is recorded by path, and validated by the pydantic models.
-Every problem found comes back at once, placed in the file. Pure: takes text, not a path.
+pydantic's errors are rewritten into one problem per place, in words an operator knows
+(``expected 'present', 'absent' or {names: [...]}``, ``unknown key 'temperatur'`` with a
+"did you mean"). Pure: takes text, not a path.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from policies import schema
 from policies.model import PolicyFile
-from policies.problems import Path, PolicyError, Problem, Severity
+from policies.problems import Path, PolicyError, Problem, closest, did_you_mean
 
 try:  # the C loader is much faster; fall back where libyaml is missing
     from yaml import CSafeLoader as _Loader
@@ -39,8 +42,10 @@ class Positions:
         return (1, 1)
 
     def place(self, problem: Problem, *, key: bool = False) -> Problem:
-        line, column = self.of(problem.path, key=key)
-        return Problem(problem.path, problem.message, problem.hint, problem.severity, line, column)
+        return problem.at(*self.of(problem.path, key=key))
+
+    def has(self, path: Path) -> bool:
+        return path in self.values
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,15 @@ class Loaded:
     policy: PolicyFile
     positions: Positions
     raw: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """The file as plain values (None when it is not YAML), where each stands, and problems."""
+
+    raw: Any
+    positions: Positions
+    problems: list[Problem]
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -79,69 +93,34 @@ class _Builder:
         for key_node, value_node in node.value:
             line, column = _mark(key_node)
             if not isinstance(key_node, yaml.ScalarNode):
-                self.problems.append(
-                    Problem(path, "a key must be a plain word", line=line, column=column)
-                )
+                problem = Problem(path, "a key must be a plain word", code="bad-key")
+                self.problems.append(problem.at(line, column))
                 continue
             key = str(self._scalars.construct_object(key_node))
             child = (*path, key)
             if key in out:
-                self.problems.append(
-                    Problem(child, f"duplicate key {key!r}", "keep one", line=line, column=column)
-                )
-            self.keys[child] = (line, column)
+                first = self.keys[child]
+                message = f"duplicate key {key!r} (first at line {first[0]})"
+                problem = Problem(child, message, "keep one", code="duplicate-key")
+                self.problems.append(problem.at(line, column))
+            else:
+                self.keys[child] = (line, column)
             out[key] = self.build(value_node, child)
         return out
 
 
-def _compose(text: str, filename: str) -> yaml.Node:
+def read(text: str) -> Read:
+    """Compose the YAML and record positions; YAML errors come back as problems."""
+    empty = Positions({}, {})
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        message = f"not valid YAML: {exc.problem or exc}"
-        raise PolicyError(filename, [Problem((), message, line=line, column=column)]) from None
+        problem = Problem((), f"not valid YAML: {exc.problem or exc}", code="yaml")
+        return Read(None, empty, [problem.at(line, column)])
     if node is None:
-        raise PolicyError(filename, [Problem((), "the file is empty", line=1, column=1)])
-    return node
-
-
-def _message(error: Any) -> tuple[Path, str, str]:
-    loc: Path = tuple(error["loc"])
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return loc, f"unknown key {loc[-1]!r}", ""
-    if kind == "missing":
-        return loc, f"{loc[-1]!r} is required", ""
-    return loc, str(error["msg"]), ""
-
-
-def _errors(exc: ValidationError, positions: Positions) -> list[Problem]:
-    problems = []
-    for error in exc.errors(include_url=False):
-        path, message, hint = _message(error)
-        path = _known_prefix(path, positions)
-        problem = Problem(path, message, hint)
-        problems.append(positions.place(problem, key=error["type"] == "extra_forbidden"))
-    return problems
-
-
-def _known_prefix(loc: Path, positions: Positions) -> Path:
-    """Drop the parts pydantic adds for union members (``'literal['present']'``, ...)."""
-    path: Path = ()
-    for part in loc:
-        candidate = (*path, part)
-        unknown = candidate not in positions.values and candidate not in positions.keys
-        if unknown and isinstance(part, str) and ("[" in part or part.startswith("function-")):
-            continue
-        path = candidate
-    return path
-
-
-def parse(text: str, filename: str = "<policy>") -> Loaded:
-    """Parse and validate one policy file; raise ``PolicyError`` listing every error."""
-    node = _compose(text, filename)
+        return Read(None, empty, [Problem((), "the file is empty", code="empty").at(1, 1)])
     builder = _Builder()
     try:
         raw = builder.build(node, ())
@@ -150,13 +129,164 @@ def parse(text: str, filename: str = "<policy>") -> Loaded:
     positions = Positions(builder.keys, builder.values)
     problems = list(builder.problems)
     if not isinstance(raw, dict):
-        problems.append(Problem((), "the file must be a mapping (version, pools, rules, ...)"))
-        raise PolicyError(filename, [positions.place(p) for p in problems])
+        message = "the file must be a mapping (version, pools, rules, ...)"
+        problems.append(positions.place(Problem((), message, code="not-a-mapping")))
+    return Read(raw, positions, problems)
+
+
+def validate(raw: dict[str, Any], positions: Positions) -> tuple[PolicyFile | None, list[Problem]]:
+    """The validated policy, or None and one placed problem per place that is wrong."""
     try:
-        policy = PolicyFile.model_validate(raw)
+        return PolicyFile.model_validate(raw), []
     except ValidationError as exc:
-        raise PolicyError(filename, problems + _errors(exc, positions)) from None
-    errors = [p for p in problems if p.severity is Severity.ERROR]
-    if errors:
+        return None, explain_errors(exc, raw, positions)
+
+
+def parse(text: str, filename: str = "<policy>") -> Loaded:
+    """Parse and validate one policy file; raise ``PolicyError`` listing every error."""
+    got = read(text)
+    policy, problems = (None, []) if got.problems else validate(got.raw, got.positions)
+    errors = [p for p in [*got.problems, *problems] if p.is_error]
+    if errors or policy is None:
         raise PolicyError(filename, errors)
-    return Loaded(policy, positions, raw)
+    return Loaded(policy, got.positions, got.raw)
+
+
+def explain_errors(exc: ValidationError, raw: Any, positions: Positions) -> list[Problem]:
+    """pydantic's errors as problems: union members collapsed, missing-vs-typo merged."""
+    plain: list[tuple[Any, schema.Place]] = []
+    unions: dict[Path, list[tuple[Any, schema.Place]]] = {}
+    for error in exc.errors(include_url=False):
+        place = schema.walk(tuple(error["loc"]))
+        if place.union_at is None:
+            plain.append((error, place))
+        else:
+            unions.setdefault(place.union_at, []).append((error, place))
+    problems = [_problem(error, place, raw, positions) for error, place in plain]
+    for at, members in unions.items():
+        problems.extend(_union_problems(at, members, raw, positions))
+    return _without_typo_twins(_unique(problems), exc)
+
+
+def _union_problems(
+    at: Path, members: list[tuple[Any, schema.Place]], raw: Any, positions: Positions
+) -> list[Problem]:
+    value = _value_at(raw, at)
+    if isinstance(value, dict):
+        inside = [(e, p) for e, p in members if schema.model_of(p.branch) is not None]
+        if inside:
+            return [_problem(error, place, raw, positions) for error, place in inside]
+    expected = schema.walk(at).expected
+    message = f"expected {schema.describe(expected)}, got {_shown(value)}"
+    hint = _meant(value, schema.choices(expected))
+    return [positions.place(Problem(at, message, hint, code="type"))]
+
+
+def _problem(error: Any, place: schema.Place, raw: Any, positions: Positions) -> Problem:
+    kind: str = error["type"]
+    path = place.path
+    if kind == "extra_forbidden":
+        key = str(path[-1])
+        parent = schema.walk(tuple(error["loc"])[:-1]).expected
+        hint = did_you_mean(key, schema.allowed_keys(parent), "allowed keys")
+        problem = Problem(path, f"unknown key {key!r}", hint, code="unknown-key")
+        return positions.place(problem, key=True)
+    if kind == "missing":
+        parent = schema.walk(tuple(error["loc"])[:-1]).expected
+        hint = schema.description(parent, str(path[-1]))
+        problem = Problem(path, f"missing required key {path[-1]!r}", hint, code="missing")
+        return positions.place(problem)
+    if kind == "value_error":
+        return _value_error(error, path, raw, positions)
+    message, hint, code = _words(kind, error, place)
+    return positions.place(Problem(path, message, hint, code=code))
+
+
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+_PATTERN_HINTS = {
+    "^https?://": "an endpoint is a base URL such as http://vllm-spec:8000",
+    "^[A-Za-z0-9_.:-]+$": "use letters, digits and _ . : -",
+}
+
+
+def _words(kind: str, error: Any, place: schema.Place) -> tuple[str, str, str]:
+    """Message, hint and code for one pydantic error that is not about keys."""
+    ctx: dict[str, Any] = error.get("ctx") or {}
+    got = _shown(error.get("input"))
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()), "")
+        return f"must be {_BOUNDS[kind]} {bound}, got {got}", "", "bounds"
+    if kind in ("too_short", "string_too_short"):
+        return f"needs at least {ctx.get('min_length', 1)} item(s)", "", "bounds"
+    if kind == "string_pattern_mismatch":
+        pattern = str(ctx.get("pattern", ""))
+        return f"{got} does not match {pattern}", _PATTERN_HINTS.get(pattern, ""), "pattern"
+    if place.expected is None:
+        return str(error["msg"]), "", "type"
+    message = f"expected {schema.describe(place.expected)}, got {got}"
+    if kind in ("literal_error", "enum"):
+        return message, _meant(error.get("input"), schema.choices(place.expected)), "type"
+    return message, "", "type"
+
+
+def _value_error(error: Any, path: Path, raw: Any, positions: Positions) -> Problem:
+    """A model's own check: point at the key its message names, if the file has it."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    value = _value_at(raw, path)
+    keys = [k for k in value if k in message] if isinstance(value, dict) else []
+    at = (*path, keys[0]) if keys and positions.has((*path, keys[0])) else path
+    return positions.place(Problem(at, message, code="value"))
+
+
+def _without_typo_twins(problems: list[Problem], exc: ValidationError) -> list[Problem]:
+    """Drop "missing 'start'" when the same mapping has an unknown key meant as 'start'."""
+    meant: set[Path] = set()
+    for error in exc.errors(include_url=False):
+        if error["type"] == "extra_forbidden":
+            loc = tuple(error["loc"])
+            parent = schema.walk(loc[:-1])
+            key = closest(str(loc[-1]), schema.allowed_keys(parent.expected))
+            meant.add((*parent.path, key or ""))
+    return [p for p in problems if not (p.code == "missing" and p.path in meant)]
+
+
+def _unique(problems: list[Problem]) -> list[Problem]:
+    seen: set[tuple[Path, str]] = set()
+    out = []
+    for p in problems:
+        if (p.path, p.message) not in seen:
+            seen.add((p.path, p.message))
+            out.append(p)
+    return out
+
+
+def _meant(value: Any, choices: list[str]) -> str:
+    close = closest(value, choices) if isinstance(value, str) else None
+    return f"did you mean {close!r}?" if close else ""
+
+
+def _value_at(raw: Any, path: Path) -> Any:
+    for part in path:
+        in_list = isinstance(raw, list) and isinstance(part, int) and 0 <= part < len(raw)
+        if not (in_list or (isinstance(raw, dict) and part in raw)):
+            return None
+        raw = raw[part]
+    return raw
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "nothing"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,302 @@
+"""Lint: each kind of problem, with its exact message, position and hint."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from policies.compiled import load_policy
+from policies.lint import lint
+from policies.load import parse
+from policies.problems import PolicyError, Severity
+
+HEAD = """\
+version: 1
+pools:
+  spec: {kind: speculative, model: m, num_speculative_tokens: 4, endpoints: ['http://s:8000']}
+  standard: {kind: standard, model: m, endpoints: ['http://d:8000']}
+ladder: [spec, standard]
+rules:
+"""
+DEFAULT = "- {name: default, start: spec}\n"
+
+
+def rules(text: str, *, default: bool = True) -> str:
+    """The one-model head (rules: on line 6) with these rules from line 7."""
+    return HEAD + textwrap.dedent(text).strip("\n") + "\n" + (DEFAULT if default else "")
+
+
+def lines(text: str) -> list[str]:
+    return lint(text, "p.yaml").lines()
+
+
+CASES = {
+    "unknown key, did you mean": (
+        rules("- {name: a, start: spec, match: {temperatur: {max: 0.3}}}"),
+        [
+            "p.yaml:7:34: error: rules.0.match.temperatur: unknown key 'temperatur' "
+            "(hint: did you mean 'temperature'?)"
+        ],
+    ),
+    "unknown key, no close match": (
+        rules("- {name: a, start: spec, priority: 3}"),
+        [
+            "p.yaml:7:26: error: rules.0.priority: unknown key 'priority' (hint: allowed keys: "
+            "description, flag, guardrail, match, name, rollout, shadow_fraction, shadow_to, start)"
+        ],
+    ),
+    "union collapsed to one message": (
+        rules("- {name: a, start: spec, match: {tools: sometimes}}"),
+        [
+            "p.yaml:7:41: error: rules.0.match.tools: expected 'present', 'absent' or "
+            "{names: [...]}, got 'sometimes'"
+        ],
+    ),
+    "union member chosen by shape": (
+        rules("- {name: a, start: spec, match: {tools: {nams: [x]}}}"),
+        [
+            "p.yaml:7:42: error: rules.0.match.tools.nams: unknown key 'nams' "
+            "(hint: did you mean 'names'?)"
+        ],
+    ),
+    "wrong type": (
+        rules("- {name: a, start: spec, match: {temperature: hot}}"),
+        ["p.yaml:7:47: error: rules.0.match.temperature: expected {min: ..., max: ...}, got 'hot'"],
+    ),
+    "bad enum value": (
+        rules("- {name: a, start: spec, match: {response_format: [jsonschema]}}"),
+        [
+            "p.yaml:7:52: error: rules.0.match.response_format.0: expected 'text', "
+            "'json_object' or 'json_schema', got 'jsonschema' (hint: did you mean 'json_schema'?)"
+        ],
+    ),
+    "out of bounds": (
+        rules("- {name: a, start: spec, guardrail: {min_acceptance: 1.5}}"),
+        ["p.yaml:7:54: error: rules.0.guardrail.min_acceptance: must be <= 1.0, got 1.5"],
+    ),
+    "missing key": (
+        rules("- {name: a}"),
+        [
+            "p.yaml:7:3: error: rules.0.start: missing required key 'start' (hint: the ladder "
+            "rung this traffic starts on: a pool, 'standard' or 'shadow')"
+        ],
+    ),
+    "misspelt required key is one problem": (
+        rules("- {name: a, strat: spec}"),
+        ["p.yaml:7:13: error: rules.0.strat: unknown key 'strat' (hint: did you mean 'start'?)"],
+    ),
+    "empty range": (
+        rules("- {name: a, start: spec, match: {temperature: {min: 0.9, max: 0.3}}}"),
+        [
+            "p.yaml:7:47: error: rules.0.match.temperature: empty range: min 0.9 > max 0.3 "
+            "(hint: swap min and max)"
+        ],
+    ),
+    "start is not a pool": (
+        rules("- {name: a, start: spec-k9, match: {stream: true}}"),
+        [
+            "p.yaml:7:20: error: rules.0.start: start 'spec-k9' is not a pool "
+            "(hint: use one of ['shadow', 'spec', 'standard'])"
+        ],
+    ),
+    "start pool is not on the ladder": (
+        rules("- {name: a, start: spare, match: {stream: true}}").replace(
+            "ladder:", "  spare: {kind: standard, model: m, endpoints: ['http://e:1']}\nladder:"
+        ),
+        [
+            "p.yaml:8:20: error: rules.0.start: start 'spare' is not a pool on a ladder "
+            "(hint: use one of ['shadow', 'spec', 'standard'])"
+        ],
+    ),
+    "a guardrail that would flap": (
+        rules("- {name: a, start: spec, guardrail: {recover_above: 0.5}, match: {stream: true}}"),
+        [
+            "p.yaml:7:37: error: rules.0.guardrail: recover_above 0.5 is below min_acceptance "
+            "0.55: the slice would flap (hint: set recover_above a little above min_acceptance)"
+        ],
+    ),
+    "undeclared flag is a warning": (
+        rules("- {name: a, start: spec, flag: spec-json, match: {stream: true}}"),
+        [
+            "p.yaml:7:32: warning: rules.0.flag: flag 'spec-json' is not declared under flags "
+            "(hint: declare it with a default, or it starts enabled)"
+        ],
+    ),
+    "duplicate rule names": (
+        rules("- {name: default, start: spec, match: {stream: true}}"),
+        [
+            "p.yaml:8:10: error: rules.1.name: rule name 'default' is used twice "
+            "(hint: rule names must be unique)"
+        ],
+    ),
+    "duplicate YAML key": (
+        rules("- {name: a, start: spec, start: standard, match: {stream: true}}"),
+        [
+            "p.yaml:7:26: error: rules.0.start: duplicate key 'start' (first at line 7) "
+            "(hint: keep one)"
+        ],
+    ),
+    "no default rule": (
+        rules("- {name: a, start: spec, match: {stream: true}}", default=False),
+        [
+            "p.yaml:7:3: error: rules.0: the last rule must match everything (a default) "
+            "(hint: add a rule with no 'match', e.g. {name: default, start: standard})"
+        ],
+    ),
+    "shadowed rule": (
+        rules(
+            """
+            - {name: tools, start: spec, match: {tools: present}}
+            - {name: weather, start: standard, match: {tools: {names: [get_weather]}}}
+            """
+        ),
+        [
+            "p.yaml:8:3: error: rules.1: rule 'weather' can never match: the earlier rule "
+            "'tools' matches every request it would (hint: move 'weather' above 'tools', "
+            "or narrow 'tools')"
+        ],
+    ),
+    "rule after a catch-all": (
+        rules("- {name: all, start: spec}\n- {name: late, start: spec, match: {stream: true}}"),
+        [
+            "p.yaml:8:3: error: rules.1: rule 'late' can never match: the earlier rule 'all' "
+            "matches every request it would (hint: 'all' has no match and takes everything; "
+            "move it last)",
+            "p.yaml:9:3: error: rules.2: rule 'default' can never match: the earlier rule 'all' "
+            "matches every request it would (hint: 'all' has no match and takes everything; "
+            "move it last)",
+        ],
+    ),
+    "not YAML": (
+        HEAD + "- {name: a, start: spec\n",
+        ["p.yaml:8:1: error: <file>: not valid YAML: did not find expected ',' or '}'"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), CASES.values(), ids=CASES.keys())
+def test_each_problem_kind_is_reported_in_place(text: str, expected: list[str]) -> None:
+    assert lines(text) == expected
+
+
+LADDER_CASES = {
+    "ladder names a missing pool": (
+        "ladder: [spec, std]",
+        [
+            "p.yaml:5:16: error: ladder.1: no pool named 'std' (hint: known pools: spec, standard)",
+        ],
+    ),
+    "ladder ends on a speculative pool": (
+        "ladder: [standard, spec]",
+        [
+            "p.yaml:5:20: error: ladder.1: the ladder must end on a standard pool, not 'spec' "
+            "(hint: falling back needs somewhere without speculation to land)"
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(("ladder", "expected"), LADDER_CASES.values(), ids=LADDER_CASES.keys())
+def test_ladder_problems(ladder: str, expected: list[str]) -> None:
+    text = rules("").replace("ladder: [spec, standard]", ladder)
+    assert lines(text) == expected
+
+
+MULTI = """\
+version: 1
+pools:
+  a-spec: {kind: speculative, model: a, num_speculative_tokens: 4, endpoints: ['http://a:1']}
+  a-std: {kind: standard, model: a, endpoints: ['http://a:2']}
+  b-std: {kind: standard, model: b, endpoints: ['http://b:2']}
+ladders:
+  a: [a-spec, a-std]
+  b: [a-spec, b-std]
+rules:
+  - {name: b-fast, match: {model: [b]}, start: a-spec}
+  - {name: default, start: standard}
+"""
+
+
+def test_multi_model_problems() -> None:
+    assert lines(MULTI) == [
+        "p.yaml:8:7: error: ladders.b.0: pool 'a-spec' serves 'a', not 'b', and is on the "
+        "ladder of 'a' too (hint: a pool serves one model; give each model its own pools)",
+        "p.yaml:10:48: error: rules.0.start: start 'a-spec' serves 'a', but the rule matches "
+        "only ['b'] (hint: start on a pool of 'b', or add 'a' to match.model)",
+    ]
+
+
+def test_a_rule_for_two_models_starting_on_one_models_pool_is_a_warning() -> None:
+    text = MULTI.replace("b: [a-spec, b-std]", "b: [b-std]")
+    text = text.replace("{model: [b]}, start: a-spec", "{model: [a, b, c]}, start: a-spec")
+    assert lines(text) == [
+        "p.yaml:10:35: warning: rules.0.match.model: no ladder serves model 'c' "
+        "(hint: ladders serve ['a', 'b'])",
+        "p.yaml:10:54: warning: rules.0.start: start 'a-spec' serves only 'a': ['b'] start on "
+        "standard (hint: give each model its own rule)",
+    ]
+
+
+def test_unused_flag_is_a_warning() -> None:
+    text = rules("").replace("rules:\n", "flags:\n  spec-jsn: {enabled: true}\nrules:\n")
+    assert lines(text) == [
+        "p.yaml:7:3: warning: flags.spec-jsn: flag 'spec-jsn' is declared but no rule uses it "
+        "(hint: refer to it with flag: NAME)"
+    ]
+
+
+def test_every_problem_at_once_even_when_a_rule_fails_the_schema() -> None:
+    text = rules(
+        """
+        - {name: a, start: spec, match: {temperatur: {max: 0.3}}}
+        - {name: b, start: spec-k9, match: {stream: true}}
+        """
+    )
+    assert [line.split(": ")[2] for line in lines(text)] == [
+        "rules.0.match.temperatur",
+        "rules.1.start",
+    ]
+
+
+def test_a_broken_last_rule_does_not_invent_a_missing_default() -> None:
+    text = rules("- {name: a, start: spec, match: {stream: true}}\n- {name: b}", default=False)
+    assert [line.split(": ")[2] for line in lines(text)] == ["rules.1.start"]
+
+
+def test_problems_come_in_file_order() -> None:
+    text = rules(
+        """
+        - {name: b, start: nowhere, match: {stream: maybe}}
+        - {name: c, start: spec, match: {temperature: {min: 2, max: 1}}}
+        """
+    )
+    found = lint(text, "p.yaml").problems
+    assert [(p.line, p.column) for p in found] == sorted((p.line, p.column) for p in found)
+
+
+def test_load_policy_raises_the_errors_lint_prints_and_keeps_warnings() -> None:
+    bad = rules("- {name: a, start: spec, match: {temperatur: {max: 0.3}}}")
+    with pytest.raises(PolicyError) as caught:
+        load_policy(bad, "p.yaml")
+    assert str(caught.value).splitlines() == lines(bad)
+    warned = rules("- {name: a, start: spec, flag: spec-json, match: {stream: true}}")
+    policy = load_policy(warned, "p.yaml")
+    assert [p.severity for p in policy.warnings] == [Severity.WARNING]
+    assert policy.warnings[0].render("p.yaml") == lines(warned)[0]
+
+
+def test_an_empty_file_and_a_list_are_not_policies() -> None:
+    assert lines("") == ["p.yaml:1:1: error: <file>: the file is empty"]
+    assert lines("- a\n") == [
+        "p.yaml:1:1: error: <file>: the file must be a mapping (version, pools, rules, ...)"
+    ]
+
+
+def test_parse_keeps_positions_and_raises_errors_only() -> None:
+    loaded = parse(rules(""), "p.yaml")
+    assert loaded.policy.rules[0].name == "default"
+    assert loaded.positions.of(("rules", 0, "start")) == (8, 26)
+    with pytest.raises(PolicyError) as caught:
+        parse(rules("- {name: a}"), "p.yaml")
+    assert [p.code for p in caught.value.problems] == ["missing"]
