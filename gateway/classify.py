@@ -6,6 +6,7 @@ Reads the validated request and its headers; produces the values the policy matc
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ def classify(
 ) -> Features:
     tenant = headers.get(defaults.tenant_header) or _key_hash(headers.get("authorization"))
     tools = _tool_names(request)
+    schemas = _tool_schemas(request) if tools else b""
     fmt, schema = _response_format(request)
     return Features(
         endpoint=headers.get(defaults.endpoint_header) or path,
@@ -44,10 +46,10 @@ def classify(
         temperature=defaults.temperature if request.temperature is None else request.temperature,
         top_p=defaults.top_p if request.top_p is None else request.top_p,
         tools=tools,
-        tools_fingerprint=_fingerprint(request) if tools else "",
+        tools_fingerprint=hashlib.blake2b(schemas, digest_size=8).hexdigest() if tools else "",
         response_format=fmt,
         schema_name=schema,
-        prompt_tokens=prompt_tokens(request),
+        prompt_tokens=prompt_tokens(request, schemas),
         max_tokens=request.output_limit,
         stream=request.stream,
         n=request.n,
@@ -57,9 +59,13 @@ def classify(
     )
 
 
-def prompt_tokens(request: AnyRequest) -> int:
+def prompt_tokens(request: AnyRequest, tool_schemas: bytes = b"") -> int:
+    """Estimated prompt tokens; tool definitions count too (chat templates inline them)."""
     if isinstance(request, ChatRequest):
-        return tokens.estimate(_message_texts(request), len(request.messages))
+        texts = _message_texts(request)
+        if tool_schemas:
+            texts = itertools.chain(texts, (tool_schemas.decode(),))
+        return tokens.estimate(texts, len(request.messages))
     prompt = request.prompt
     if isinstance(prompt, str):
         return tokens.estimate((prompt,))
@@ -85,11 +91,11 @@ def _tool_names(request: AnyRequest) -> tuple[str, ...]:
     return tuple(tool.function.name for tool in request.tools)
 
 
-def _fingerprint(request: AnyRequest) -> str:
+def _tool_schemas(request: AnyRequest) -> bytes:
+    """The tool definitions as canonical JSON: what the fingerprint hashes."""
     assert isinstance(request, ChatRequest) and request.tools
     schemas = [tool.model_dump(mode="json") for tool in request.tools]
-    canonical = orjson.dumps(schemas, option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(canonical, digest_size=8).hexdigest()
+    return orjson.dumps(schemas, option=orjson.OPT_SORT_KEYS)
 
 
 def _response_format(request: AnyRequest) -> tuple[ResponseFormat, str]:

@@ -57,6 +57,12 @@ def test_tenant_from_header_or_api_key_hash_never_the_key():
     assert by_key.tenant != other_key.tenant
 
 
+def test_tool_definitions_count_as_prompt_tokens():
+    plain = features(chat()).prompt_tokens
+    with_tools = features(chat(tools=[TOOL] * 5)).prompt_tokens
+    assert with_tools > plain + 20
+
+
 def test_endpoint_header_names_a_product_endpoint():
     got = features(chat(), {"x-speclane-endpoint": "code-assist"})
     assert got.endpoint == "code-assist"
