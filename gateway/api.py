@@ -42,7 +42,9 @@ class Api:
         return _json({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """Ready when every model has a pool with an endpoint whose breaker is not open."""
+        """Ready once serving: a gateway whose upstreams are down still answers every request
+        (with an OpenAI-style 503), which beats a Service with no ready pods refusing
+        connections. Upstream health and shared-state degradation are in the detail."""
         services = self.services
         policy = services.policy.current
         pools = {
@@ -63,9 +65,9 @@ class Api:
             model: any(pools[p]["healthy"] for p in ladder.pools)
             for model, ladder in policy.ladders.items()
         }
-        ready = all(models.values())
         detail = {
-            "ready": ready,
+            "ready": True,
+            "upstreams_ok": all(models.values()),
             "models": models,
             "pools": pools,
             "state": services.state.status(),
@@ -74,4 +76,4 @@ class Api:
                 "last_reload_error": list(services.policy.last_error),
             },
         }
-        return _json(detail, 200 if ready else 503)
+        return _json(detail)

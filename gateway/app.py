@@ -8,7 +8,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import orjson
@@ -57,7 +57,14 @@ def build_services(
     flags = FlagStore(holder.current)
     stats = LiveStats(
         lambda: holder.current,
-        on_transition=lambda t: telemetry.transitions.add(1, {"to": t.after.phase.value}),
+        on_transition=lambda t: telemetry.transitions.add(
+            1,
+            {
+                "rule": t.slice.split(" / ", 1)[0],
+                "from": t.before.phase.value,
+                "to": t.after.phase.value,
+            },
+        ),
     )
     pools = Pools(
         pool_specs(holder.current),
@@ -189,11 +196,20 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
-            ApiError: api_error_handler,
+            ApiError: _counted(services.telemetry),
             HTTPException: _http_error,
             Exception: _unexpected,
         },
     )
+
+
+def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handler(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        telemetry.errors.add(1, {"status": exc.status, "code": exc.code or exc.type})
+        return await api_error_handler(request, exc)
+
+    return handler
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
+        timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
     )
     return 0
 

@@ -119,6 +119,7 @@ async def _open(
         except BackendError as exc:
             services.telemetry.failovers.add(1, {"pool": decision.pool, "result": "exhausted"})
             raise from_backend(exc) from None
+    services.telemetry.opened(opened.spec.name, shadow=False)
     if opened.attempts:
         services.telemetry.failovers.add(
             len(opened.attempts), {"pool": decision.pool, "result": "served"}

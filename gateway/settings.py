@@ -43,4 +43,5 @@ class Settings(BaseSettings):
     canary_max_mismatch: float = Field(0.1, ge=0, le=1, description="greedy mismatch alarm")
     canary_min_samples: int = Field(20, ge=1)
     otlp_endpoint: str | None = None
+    graceful_shutdown_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
     log_level: str = "info"

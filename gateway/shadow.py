@@ -134,6 +134,7 @@ class ShadowRunner:
         try:
             async with asyncio.timeout(self._limits.timeout_s):
                 opened = await self._pools.open((pool,), path, body, _HEADERS)
+                self._telemetry.opened(pool, shadow=True)
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
                 relay = Relay(
                     opened,

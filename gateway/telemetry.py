@@ -38,6 +38,7 @@ class Telemetry:
     reloads: Counter
     shadow: Counter
     state_errors: Counter
+    errors: Counter
     in_flight: UpDownCounter
     _meters: MeterProvider
     _tracers: TracerProvider | None
@@ -94,6 +95,10 @@ class Telemetry:
             state_errors=meter.create_counter(
                 "speclane_state_sync_errors", description="failed syncs with the shared store"
             ),
+            errors=meter.create_counter(
+                "speclane_request_errors",
+                description="requests answered with an error before any upstream answered",
+            ),
             in_flight=meter.create_up_down_counter(
                 "speclane_requests_in_flight", description="requests being served"
             ),
@@ -117,8 +122,13 @@ class Telemetry:
         )
         return telemetry
 
+    def opened(self, pool: str, shadow: bool) -> None:
+        self.in_flight.add(1, {"pool": pool, "shadow": shadow})
+
     def observe(self, outcome: Outcome) -> None:
+        """One finished stream; every opened stream ends here exactly once."""
         labels = outcome.labels
+        self.in_flight.add(-1, {"pool": labels.pool, "shadow": labels.shadow})
         attributes = {
             "model": labels.model,
             "rule": labels.rule,

@@ -123,9 +123,15 @@ rules: [{{name: default, start: spec}}]
 async def test_no_healthy_upstream_is_503_and_timeouts_are_504(tmp_path):
     down = FakeUpstream(Behaviour(status=503))
     async with fake_stack(tmp_path, down.app(), down.app()) as (url, _), httpx.AsyncClient() as c:
-        response = await c.post(url + "/v1/chat/completions", json=CHAT)
+        for _ in range(3):  # enough failures to open every breaker
+            response = await c.post(url + "/v1/chat/completions", json=CHAT)
+        ready = await c.get(url + "/readyz")
+        metrics = (await c.get(url + "/metrics")).text
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "no_healthy_upstream"
+    # still ready: answering 503s beats a Service with no ready pods refusing connections
+    assert ready.status_code == 200 and ready.json()["upstreams_ok"] is False
+    assert 'code="no_healthy_upstream"' in metrics and 'status="503"' in metrics
 
     slow = FakeUpstream(Behaviour(delay_s=3))
     text = """
