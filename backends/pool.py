@@ -25,6 +25,7 @@ class PoolSpec:
     endpoints: tuple[str, ...]
     k: int | None = None
     timeouts: Timeouts = Timeouts()
+    discover: bool = False
 
     @property
     def speculative(self) -> bool:
@@ -92,16 +93,35 @@ class Pools:
         self._tries_per_pool = tries_per_pool
         self.specs: dict[str, PoolSpec] = {}
         self.endpoints: dict[str, list[Endpoint]] = {}
+        self._resolved: dict[str, tuple[str, ...]] = {}
         self.update(specs)
 
     def update(self, specs: Iterable[PoolSpec]) -> None:
         """Take a new set of pools; endpoints that stay keep their load and breaker."""
-        known = {(e.pool, e.url): e for group in self.endpoints.values() for e in group}
         self.specs = {s.name: s for s in specs}
+        self._rebuild()
+
+    def resolved(self, pool: str, urls: Iterable[str]) -> None:
+        """The addresses discovery found for a pool; an empty answer keeps the last one."""
+        found = tuple(urls)
+        if found and found != self._resolved.get(pool):
+            self._resolved[pool] = found
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        known = {(e.pool, e.url): e for group in self.endpoints.values() for e in group}
         self.endpoints = {
-            s.name: [known.get((s.name, url)) or self._endpoint(url, s.name) for url in s.endpoints]
+            s.name: [
+                known.get((s.name, url.rstrip("/"))) or self._endpoint(url, s.name)
+                for url in self._urls(s)
+            ]
             for s in self.specs.values()
         }
+
+    def _urls(self, spec: PoolSpec) -> tuple[str, ...]:
+        if spec.discover and spec.name in self._resolved:
+            return self._resolved[spec.name]
+        return spec.endpoints
 
     def _endpoint(self, url: str, pool: str) -> Endpoint:
         failures, reset_s = self._breaker

@@ -27,7 +27,14 @@ from gateway.api import Api
 from gateway.classify import Defaults
 from gateway.errors import JSON, ApiError, api_error_handler
 from gateway.flagstore import FlagStore
-from gateway.lifecycle import policy_changed, pool_specs, reload_policy, tick, watch_policy
+from gateway.lifecycle import (
+    discover,
+    policy_changed,
+    pool_specs,
+    reload_policy,
+    tick,
+    watch_policy,
+)
 from gateway.livestats import LiveStats
 from gateway.policyfile import PolicyHolder
 from gateway.scrape import PoolScraper
@@ -158,6 +165,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
         tasks = [
             asyncio.create_task(watch_policy(services), name="policy-watch"),
             asyncio.create_task(tick(services), name="guardrail-tick"),
+            asyncio.create_task(discover(services), name="endpoint-discovery"),
             asyncio.create_task(
                 services.scraper.run(settings.scrape_interval_s), name="pool-scrape"
             ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from backends.discovery import resolve
 from backends.pool import PoolSpec
 from backends.upstream import Timeouts
 from gateway.policyfile import ReloadResult
@@ -22,6 +23,7 @@ def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
             timeouts=Timeouts(
                 pool.timeouts.connect_s, pool.timeouts.first_byte_s, pool.timeouts.idle_s
             ),
+            discover=pool.discovery == "dns",
         )
         for name, pool in policy.pools.items()
     ]
@@ -51,3 +53,13 @@ async def tick(services: Services) -> None:
     while True:
         await asyncio.sleep(1.0)
         services.stats.tick(services.wall())
+
+
+async def discover(services: Services) -> None:
+    """Resolve the endpoints of pools with ``discovery: dns``; at once, then periodically."""
+    while True:
+        for spec in list(services.pools.specs.values()):
+            if spec.discover:
+                urls = [u for url in spec.endpoints for u in await resolve(url)]
+                services.pools.resolved(spec.name, urls)
+        await asyncio.sleep(services.settings.discovery_interval_s)

@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     namespace: str = "speclane"
     sync_interval_s: float = Field(1.0, gt=0)
+    discovery_interval_s: float = Field(10.0, gt=0, description="DNS re-resolve period")
     scrape_interval_s: float = Field(10.0, gt=0, description="pool /metrics scrape period")
     shadow_max_concurrency: int = Field(8, ge=0, description="mirrors in flight at most")
     shadow_tokens_per_minute: float = Field(200_000, ge=0, description="mirror token budget")

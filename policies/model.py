@@ -50,6 +50,12 @@ class Pool(_Strict):
         "reports none per request; turn off for servers that merge engine steps into one "
         "chunk (vLLM --stream-interval > 1), then the pool's counters or speed are used",
     )
+    discovery: Literal["none", "dns"] = Field(
+        "none",
+        description="dns: resolve each endpoint's host to all its addresses (a Kubernetes "
+        "headless Service) and treat each address as an endpoint, so breakers and "
+        "least-outstanding choice act per server; re-resolved in the background",
+    )
     cost_per_hour: Annotated[float, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
