@@ -10,6 +10,7 @@ from pathlib import Path
 
 from backends.sim import cli as sim_cli
 from gateway import cli_flags, cli_policy
+from gateway.demo import cli as demo_cli
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
     cli_flags.add_parser(commands)
     cli_policy.add_parser(commands)
+    demo_cli.add_parser(commands)
     sim_cli.add_parser(commands).set_defaults(run=sim_cli.run)
     return parser
 

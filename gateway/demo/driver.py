@@ -12,6 +12,7 @@ polls the admin API for guardrail events as they happen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -63,8 +64,8 @@ class Result:
 class Drift:
     """When (fractions of the run) the speculative pool's code acceptance collapses, recovers."""
 
-    collapse_at: float = 0.35
-    recover_at: float = 0.65
+    collapse_at: float = 0.30
+    recover_at: float = 0.50
     collapsed: float = COLLAPSED_ACCEPTANCE
     healthy: float = DEFAULT_BASE[Workload.CODE]
 
@@ -79,7 +80,6 @@ class RunState:
     events: list[dict[str, Any]] = field(default_factory=list)
     drift_marks: dict[str, float] = field(default_factory=dict)
     wall_start: float = 0.0
-    finished: bool = False
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started if self.started else 0.0
@@ -100,8 +100,10 @@ async def run(
     concurrency: int,
     drift: Drift,
     poll_s: float = 0.5,
+    drain_s: float = 30.0,
 ) -> None:
-    """Send traffic for ``state.duration_s`` seconds; fills ``state`` as it goes."""
+    """Send traffic for ``state.duration_s`` seconds, then give requests in flight
+    ``drain_s`` more to finish (the rest are cancelled, unrecorded); fills ``state``."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(120.0, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
@@ -116,13 +118,13 @@ async def run(
             workers = (
                 _worker(client, target.gateway, mix, counter, state) for _ in range(concurrency)
             )
-            await asyncio.gather(*workers)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*workers), state.duration_s + drain_s)
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
         state.events = await guardrail_events(client, target)
-        state.finished = True
 
 
 async def _worker(

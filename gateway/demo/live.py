@@ -16,7 +16,7 @@ from gateway.demo.driver import Drift, Result, RunState
 from gateway.demo.policy import SPEC_POOL, rung_name
 from gateway.demo.workload import LABELS, ORDER
 
-RECENT_S = 10.0
+RECENT_S = 10.0  # the pool split covers this much, or a sixth of a shorter run
 SHOWN_EVENTS = 8
 
 
@@ -36,7 +36,8 @@ def render(state: RunState, drift: Drift) -> RenderableType:
         _drift_note(state, drift),
     )
     bar = ProgressBar(total=state.duration_s, completed=elapsed, width=60)
-    return Group(head, bar, _workloads(results, state.elapsed()), _events(state))
+    recent = max(min(RECENT_S, state.duration_s / 6), 0.5)
+    return Group(head, bar, _workloads(results, state.elapsed(), recent), _events(state))
 
 
 def _drift_note(state: RunState, drift: Drift) -> Text:
@@ -48,11 +49,12 @@ def _drift_note(state: RunState, drift: Drift) -> Text:
     return Text(f"code acceptance collapses at {drift.collapse_at * state.duration_s:.1f} s")
 
 
-def _workloads(results: list[Result], now: float) -> Table:
-    table = Table(title=f"requests (pool split over the last {RECENT_S:g} s)", title_justify="left")
+def _workloads(results: list[Result], now: float, recent_s: float) -> Table:
+    title = f"requests (pool split over the last {recent_s:.3g} s)"
+    table = Table(title=title, title_justify="left")
     for name in ("workload", "done", "errors", "on spec", "on standard"):
         table.add_column(name, justify="left" if name == "workload" else "right")
-    recent = [r for r in results if now - r.done_at <= RECENT_S and r.pool]
+    recent = [r for r in results if now - r.done_at <= recent_s and r.pool]
     for workload in ORDER:
         mine = [r for r in results if r.workload is workload]
         spec, std = _split([r for r in recent if r.workload is workload])

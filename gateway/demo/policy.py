@@ -33,7 +33,7 @@ class Tuning:
     recover_above: float = 0.5
     min_samples: int = 8
     window_s: float = 20.0
-    cooldown_s: float = 8.0
+    cooldown_s: float = 10.0
     probe_fraction: float = 0.3
 
     def scaled(self, factor: float) -> Tuning:
@@ -90,9 +90,12 @@ rules:
 
 
 def rung_name(rule: str, offset: int, phase: str) -> str:
-    """Where a slice of ``rule`` stands, in pool names: ``spec``, ``standard``, ``probing spec``."""
+    """Where a slice of ``rule`` stands, in pool names: ``on spec``, ``fallen back to
+    standard``, ``probing spec``."""
     start = RULE_START.get(rule, 0)
     serving = LADDER[min(start + offset, len(LADDER) - 1)]
     if phase == "probing" and start + offset > 0:
-        return f"{serving}, probing {LADDER[start + offset - 1]}"
-    return serving
+        return f"probing {LADDER[start + offset - 1]}"
+    if phase == "fallen_back":
+        return f"fallen back to {serving}"
+    return f"on {serving}"

@@ -9,6 +9,9 @@ points at the same offsets. Three replays:
 - ``speculative``: every request to the speculative configuration;
 - ``standard``: every request to the standard configuration.
 
+The live run had two servers (one per pool), so each fixed replay gets two replicas of its
+configuration too, with requests dealt to them in turn: every way uses the same hardware.
+
 The replay is open loop (requests arrive at their recorded times whatever the pool does),
 while the live run was closed loop; the numbers compare pools on one identical trace.
 Pure apart from CPU: no I/O, no clock.
@@ -17,7 +20,7 @@ Pure apart from CPU: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.sim.config import Mode, SimConfig
 from backends.sim.model import DriftPoint
@@ -59,9 +62,9 @@ def configs(data: ReplayInput) -> tuple[SimConfig, SimConfig]:
     if "recover" in data.drift_marks:
         at = data.drift_marks["recover"] / scale
         points.append(DriftPoint(Workload.CODE, at, data.drift.healthy))
-    common = {"k": data.k, "served_model_names": (MODEL,)}
-    spec = SimConfig(mode=Mode.SPECULATIVE, seed=data.seed, drift=tuple(points), **common)
-    std = SimConfig(mode=Mode.STANDARD, seed=data.seed + 1, **common)
+    names = (MODEL,)
+    spec = SimConfig(Mode.SPECULATIVE, data.k, names, data.seed, drift=tuple(points))
+    std = SimConfig(Mode.STANDARD, data.k, names, data.seed + 1)
     return spec, std
 
 
@@ -73,8 +76,8 @@ def replay(data: ReplayInput) -> list[ReplayRow]:
     spec, std = configs(data)
     by_way = {
         "routed": _routed(answered, trace, spec, std),
-        "speculative": simulate(trace, spec),
-        "standard": simulate(trace, std),
+        "speculative": _replicas(trace, spec),
+        "standard": _replicas(trace, std),
     }
     rows = []
     for workload in ORDER:
@@ -98,6 +101,16 @@ def _routed(
     out: dict[int, RequestResult] = dict(zip(on_spec, spec_out, strict=True))
     out.update(zip(on_std, std_out, strict=True))
     return [out[i] for i in range(len(answered))]
+
+
+def _replicas(trace: Sequence[TimedRequest], config: SimConfig, n: int = 2) -> list[RequestResult]:
+    """``trace`` dealt round-robin to ``n`` servers of ``config``; results in trace order."""
+    out: dict[int, RequestResult] = {}
+    for replica in range(n):
+        mine = list(range(replica, len(trace), n))
+        seeded = replace(config, seed=config.seed + 1000 * replica)
+        out.update(zip(mine, simulate([trace[i] for i in mine], seeded), strict=True))
+    return [out[i] for i in range(len(trace))]
 
 
 def _mean_tpot(results: Iterable[RequestResult]) -> float | None:

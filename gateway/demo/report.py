@@ -6,13 +6,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from backends.sim.model import CostModel
 from gateway.demo.policy import SPEC_POOL, STANDARD_POOL
 from gateway.demo.replay import ReplayRow
 from gateway.demo.summary import ShadowLine, Summary, WorkloadRow
+from gateway.demo.workload import DOCUMENT_TOKENS
+
+_PREFILL_NOTE = (
+    "Per-workload rows also show who shares a server: in the adaptive run the standard server "
+    "carries every long-context prompt, and the simulator prefills a prompt in one engine step "
+    f"(no chunked prefill), so a {DOCUMENT_TOKENS // 1000}k-token summary stalls everything on "
+    f"that server for ~{CostModel().prefill_per_token_s * DOCUMENT_TOKENS:.1f} s of model time."
+)
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+def _ms(seconds: float | None, scale: float = 1.0) -> str:
+    return "-" if seconds is None else f"{seconds * 1000 / scale:.1f}"
 
 
 def _share(value: float | None) -> str:
@@ -26,18 +35,20 @@ def show(console: Console, summary: Summary) -> None:
     console.print(_drift_line(summary.drift))
     console.print(_events(summary))
     console.print(_replay(summary.replay))
-    console.print(_shadow(summary.shadow))
+    console.print(_PREFILL_NOTE, style="dim")
+    console.print(_shadow(summary.shadow, float(summary.options["guardrail"]["min_acceptance"])))
 
 
 def _workloads(rows: list[WorkloadRow], scale: float) -> Table:
-    caption = "TTFT and TPOT measured by the client, in wall-clock ms"
+    caption = "TTFT and TPOT: measured by the client, in ms of model time"
     if scale != 1:
-        caption += f"; the sims ran at --time-scale {scale:g} (model time x {scale:g})"
+        caption += f" (wall-clock ms / {scale:g}, the sims' --time-scale)"
     table = Table(title="(a) Per workload", title_justify="left", caption=caption)
-    heads = ("workload", "requests", "errors", f"on {SPEC_POOL}", f"on {STANDARD_POOL}")
-    heads += ("mean accept. len", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99")
+    table.add_column("workload", no_wrap=True)
+    heads = ["requests", "errors", f"on {SPEC_POOL}", f"on {STANDARD_POOL}"]
+    heads += ["mean acc. length", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
     for head in heads:
-        table.add_column(head, justify="left" if head == "workload" else "right")
+        table.add_column(head, justify="right")
     for row in rows:
         std = None if row.spec_share is None else 1 - row.spec_share
         length = "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}"
@@ -48,17 +59,17 @@ def _workloads(rows: list[WorkloadRow], scale: float) -> Table:
             _share(row.spec_share),
             _share(std),
             length,
-            _ms(row.ttft_p50_s),
-            _ms(row.ttft_p99_s),
-            _ms(row.tpot_p50_s),
-            _ms(row.tpot_p99_s),
+            _ms(row.ttft_p50_wall_s, scale),
+            _ms(row.ttft_p99_wall_s, scale),
+            _ms(row.tpot_p50_wall_s, scale),
+            _ms(row.tpot_p99_wall_s, scale),
         )
     return table
 
 
 def _drift_line(drift: dict[str, float]) -> Text:
     if not drift:
-        return Text("drift: the run ended before the code acceptance collapse", style="dim")
+        return Text("drift: no change of acceptance was applied in this run", style="dim")
     parts = [f"collapsed at {drift['collapse']:.1f} s"] if "collapse" in drift else []
     if "recover" in drift:
         parts.append(f"recovered at {drift['recover']:.1f} s")
@@ -81,8 +92,9 @@ def _replay(rows: list[ReplayRow]) -> Table:
         title="(c) Mean time per output token, ms of model time: virtual-time replays of the "
         "recorded trace (same arrival offsets, bodies and drift schedule)",
         title_justify="left",
-        caption="open-loop replays through backends.sim.virtual; 'adaptive' sends each request "
-        "to the pool the gateway chose (shadow mirrors add load to the speculative pool)",
+        caption="open-loop replays through backends.sim.virtual on two servers each: "
+        "'adaptive' sends each request to the pool the gateway chose (shadow mirrors add load "
+        "to the speculative one), 'always X' deals requests in turn to two X servers",
     )
     heads = ("workload", "requests", "adaptive", "always speculative", "always standard")
     for head in (*heads, "adaptive vs best fixed"):
@@ -109,17 +121,18 @@ def _versus(tpot: dict[str, float | None]) -> str:
     return f"{routed / min(fixed):.2f}x"
 
 
-def _shadow(shadow: ShadowLine) -> Text:
+def _shadow(shadow: ShadowLine, floor: float) -> Text:
     mirrors = shadow.mirrors
     started = mirrors.get("started", 0)
     dropped = sum(n for result, n in mirrors.items() if result.startswith("dropped"))
     rate = shadow.window_acceptance
-    measured = (
-        f"{shadow.measured_in_window} mirrors measured in the last {shadow.window_s:g} s "
-        f"(draft acceptance {rate:.2f})"
-        if rate is not None
-        else "no mirror measured in the last window"
-    )
+    measured = "no mirror measured in the last window"
+    if rate is not None:
+        verdict = "below" if rate < floor else "above"
+        measured = (
+            f"{shadow.measured_in_window} mirrors measured in the last {shadow.window_s:g} s, "
+            f"draft acceptance {rate:.2f} ({verdict} the {floor:g} floor)"
+        )
     return Text(
         f"(d) shadow: {shadow.creative_requests} creative requests answered by {STANDARD_POOL}; "
         f"{shadow.mirrored_decisions} chosen for mirroring to {SPEC_POOL}, {started} mirrors "

@@ -105,8 +105,20 @@ class Stack:
 
     def start(self) -> None:
         """Start every child and wait until all are ready; on failure, stop what started."""
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the children (call before any thread starts: see ``_die_with_parent``)."""
         try:
             self._spawn_all()
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self) -> None:
+        """Wait until every child answers its health check; on failure, stop them all."""
+        try:
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -125,7 +137,8 @@ class Stack:
         policy = self.workdir / "policy.yaml"
         policy.write_text(o.policy(self.spec_url, self.standard_url))
         argv = ["serve", "--policy", str(policy), "--host", "127.0.0.1", "--port", str(gw)]
-        env = {"SPECLANE_ADMIN_TOKEN": self.admin_token}
+        # A short drain: the demo closes its client before it stops the gateway.
+        env = {"SPECLANE_ADMIN_TOKEN": self.admin_token, "SPECLANE_GRACEFUL_SHUTDOWN_S": "2"}
         self._spawn("gateway", argv, gw, "/readyz", env)
 
     def _spawn(
@@ -137,6 +150,7 @@ class Stack:
         env: Mapping[str, str] | None = None,
     ) -> None:
         log = self.workdir / f"{name}.log"
+        preexec = None if self.options.keep else _die_with_parent()
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gateway", *argv],
@@ -145,7 +159,7 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 env=_child_env(env) if env else None,
                 start_new_session=True,  # Ctrl-C reaches the demo, which stops them in order
-                preexec_fn=None if self.options.keep else _die_with_parent,
+                preexec_fn=preexec,
             )
         self.children.append(Child(name, f"http://127.0.0.1:{port}", health, log, process))
 
@@ -174,7 +188,7 @@ class Stack:
                 child.process.kill()
                 child.process.wait()
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, dict[str, str | int]]:
         return {c.name: {"url": c.url, "pid": c.process.pid} for c in self.children}
 
 
@@ -193,13 +207,23 @@ def _tail(log: Path, lines: int = 15) -> str:
 
 
 def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
-    # ``speclane serve`` takes its admin token from SPECLANE_ADMIN_TOKEN only, so the child
-    # gets this environment plus that variable; nothing here is read as a setting.
+    # ``speclane serve`` takes its admin token (and drain time) from the environment only,
+    # so the child gets this environment plus those variables; nothing here reads a setting.
     return {**os.environ, **extra}  # noqa: TID251
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when its parent dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the child runs before exec to get SIGTERM when its parent dies (Linux only).
+
+    libc is looked up here, in the parent, so that the child between fork and exec makes
+    one system call and takes no lock; ``preexec_fn`` is still unsafe once threads run
+    (rich's spinner is one), so the demo spawns its children before it shows anything.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return set_death_signal

@@ -22,7 +22,7 @@ _RESULT_LABEL = re.compile(r'result="(?P<result>[^"]*)"')
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRow:
-    """Client-side numbers of one workload; times in wall seconds."""
+    """Client-side numbers of one workload; times in wall-clock seconds."""
 
     workload: str
     label: str
@@ -30,10 +30,10 @@ class WorkloadRow:
     errors: int
     spec_share: float | None
     mean_acceptance_length: float | None
-    ttft_p50_s: float | None
-    ttft_p99_s: float | None
-    tpot_p50_s: float | None
-    tpot_p99_s: float | None
+    ttft_p50_wall_s: float | None
+    ttft_p99_wall_s: float | None
+    tpot_p50_wall_s: float | None
+    tpot_p99_wall_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,9 @@ class EventRow:
     slice: str
     moves: str
     reason: str
-    phase_to: str
+    from_phase: str
+    to_phase: str
+    numbers: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +99,10 @@ def workload_row(workload: Workload, results: Sequence[Result]) -> WorkloadRow:
         errors=len(mine) - len(ok),
         spec_share=sum(r.pool == SPEC_POOL for r in served) / len(served) if served else None,
         mean_acceptance_length=1 + sum(r.accepted for r in spec) / steps if steps else None,
-        ttft_p50_s=percentile(ttft, 50),
-        ttft_p99_s=percentile(ttft, 99),
-        tpot_p50_s=percentile(tpot, 50),
-        tpot_p99_s=percentile(tpot, 99),
+        ttft_p50_wall_s=percentile(ttft, 50),
+        ttft_p99_wall_s=percentile(ttft, 99),
+        tpot_p50_wall_s=percentile(tpot, 50),
+        tpot_p99_wall_s=percentile(tpot, 99),
     )
 
 
@@ -150,7 +152,12 @@ def summarise(
 ) -> Summary:
     results = state.results
     events = [
-        EventRow(*event_row(e, state.wall_start), phase_to=str(e["to"]["phase"]))
+        EventRow(
+            *event_row(e, state.wall_start),
+            from_phase=str(e["from"]["phase"]),
+            to_phase=str(e["to"]["phase"]),
+            numbers=dict(e.get("numbers") or {}),
+        )
         for e in state.events
     ]
     return Summary(

@@ -33,20 +33,21 @@ LABELS: Mapping[Workload, str] = {
 ORDER = tuple(LABELS)
 # Share of the traffic; code gets the most so that its guardrail sees enough samples.
 WEIGHTS: Mapping[Workload, float] = {
-    Workload.JSON: 0.17,
-    Workload.TOOLS: 0.15,
-    Workload.CODE: 0.25,
+    Workload.JSON: 0.16,
+    Workload.TOOLS: 0.14,
+    Workload.CODE: 0.28,
     Workload.CHAT: 0.18,
-    Workload.CREATIVE: 0.15,
-    Workload.SUMMARISE: 0.10,
+    Workload.CREATIVE: 0.16,
+    Workload.SUMMARISE: 0.08,
 }
+# Short answers, so that a one-minute run has a few hundred requests.
 MAX_TOKENS: Mapping[Workload, int] = {
-    Workload.JSON: 96,
-    Workload.TOOLS: 64,
-    Workload.CODE: 64,
-    Workload.CHAT: 96,
-    Workload.CREATIVE: 128,
-    Workload.SUMMARISE: 96,
+    Workload.JSON: 64,
+    Workload.TOOLS: 48,
+    Workload.CODE: 48,
+    Workload.CHAT: 64,
+    Workload.CREATIVE: 64,
+    Workload.SUMMARISE: 64,
 }
 
 _INVOICES = (
