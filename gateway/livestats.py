@@ -61,9 +61,19 @@ class _Slice:
     window_s: float = 120.0
 
     def counts(self, pool: str, now: float) -> Counts:
+        """Evidence for ``pool``: the sliding window, except while probing, when everything
+        since the phase began counts (a probe round at low traffic must be able to finish)."""
         window = self.windows.get(pool)
-        out = window.total(now) if window else Counts()
         buckets = self.remote.get(pool)
+        out = Counts()
+        if self.state.phase is Phase.PROBING:
+            if window:
+                out.add(window.since_start)
+            if buckets:
+                out.add(total_since(buckets, float("-inf")))
+            return out
+        if window:
+            out.add(window.total(now))
         if buckets:
             out.add(total_since(buckets, now - self.window_s))
         return out
@@ -123,7 +133,7 @@ class LiveStats:
         window = entry.windows.get(labels.pool)
         if window is None or window.window_s != window_s:
             window = entry.windows[labels.pool] = Window(window_s)
-        _add(window.bucket(now), outcome)
+        window.add(now, _counts(outcome))
         if outcome.signal is Signal.SPEED and outcome.status is Status.OK:
             per_slice = self._unmeasured.setdefault(labels.pool, {})
             per_slice[labels.slice] = per_slice.get(labels.slice, 0) + 1
@@ -141,10 +151,7 @@ class LiveStats:
         window = entry.windows.get(pool) if entry else None
         if entry is None or window is None:
             return
-        counts = window.bucket(now)
-        counts.measured += requests
-        counts.drafted += drafted
-        counts.accepted += accepted
+        window.add(now, Counts(measured=requests, drafted=drafted, accepted=accepted))
         self._step(key, entry, self._policy(), now)
 
     def tick(self, now: float) -> None:
@@ -294,7 +301,7 @@ class LiveStats:
             window = entry.windows.get(inc.pool)
             if window is None:
                 window = entry.windows[inc.pool] = Window(inc.window_s)
-            window.bucket(inc.start).add(inc.counts)
+            window.add(inc.start, inc.counts)
 
     def states(self) -> Iterator[tuple[str, str, str, SliceState]]:
         """(slice, model, rule, state) of every slice not in its initial state."""
@@ -338,18 +345,19 @@ class LiveStats:
         return out
 
 
-def _add(counts: Counts, outcome: Outcome) -> None:
-    counts.requests += 1
+def _counts(outcome: Outcome) -> Counts:
+    counts = Counts(requests=1)
     if outcome.status is not Status.OK:
-        counts.errors += 1
-        return
+        counts.errors = 1
+        return counts
     if outcome.drafted:
-        counts.measured += 1
-        counts.drafted += outcome.drafted
-        counts.accepted += outcome.accepted
+        counts.measured = 1
+        counts.drafted = outcome.drafted
+        counts.accepted = outcome.accepted
     if outcome.tpot_s is not None:
-        counts.tpot_sum += outcome.tpot_s
-        counts.tpot_n += 1
+        counts.tpot_sum = outcome.tpot_s
+        counts.tpot_n = 1
+    return counts
 
 
 def _rule_and_ladder(

@@ -29,6 +29,7 @@ def state_json(state: SliceState) -> dict[str, Any]:
 def transition_json(t: Transition) -> dict[str, Any]:
     return {
         "slice": t.slice,
+        "rule": t.slice.split(" / ", 1)[0],
         "at": t.at,
         "from": state_json(t.before),
         "to": state_json(t.after),

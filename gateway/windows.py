@@ -42,15 +42,21 @@ class Counts:
 
 
 class Window:
-    """Counts over the last ``window_s`` seconds, in buckets of ``window_s / BUCKETS``."""
+    """Counts over the last ``window_s`` seconds, in buckets of ``window_s / BUCKETS``, and
+    ``since_start``: everything added since the window was made (or last drained)."""
 
-    __slots__ = ("_counts", "_starts", "width", "window_s")
+    __slots__ = ("_counts", "_starts", "since_start", "width", "window_s")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.width = window_s / BUCKETS
         self._starts = [float("-inf")] * BUCKETS
         self._counts = [Counts() for _ in range(BUCKETS)]
+        self.since_start = Counts()
+
+    def add(self, now: float, counts: Counts) -> None:
+        self.bucket(now).add(counts)
+        self.since_start.add(counts)
 
     def bucket(self, now: float) -> Counts:
         """The bucket ``now`` falls in, emptied first if it last held an older span."""
@@ -71,6 +77,7 @@ class Window:
 
     def drain(self) -> list[tuple[float, Counts]]:
         """Every non-empty bucket with its start, emptied (handed to a shared store)."""
+        self.since_start = Counts()
         out = []
         for i, (start, counts) in enumerate(zip(self._starts, self._counts, strict=True)):
             if counts.requests:

@@ -52,7 +52,11 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--max-num-seqs", type=int, default=256)
     add("--time-scale", type=float, default=1.0, help="multiplies every simulated duration")
     add("--zero-latency", action="store_true", help="answer at once (overhead benchmarks)")
-    add("--drift", default="", help="e.g. code@60=0.1,code@120=0.82 (workload@s=acceptance)")
+    add(
+        "--drift",
+        default="",
+        help="e.g. code@60=0.1,code@120=0.82 (workload@model seconds=acceptance)",
+    )
     add("--no-spec-metrics", action="store_true", help="report no draft tokens (vllm-neuron)")
     add(
         "--no-per-request-metrics",

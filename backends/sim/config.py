@@ -53,9 +53,10 @@ class SimConfig:
     """One simulated server. ``k`` is ``num_speculative_tokens``; times are model seconds
     that ``time_scale`` multiplies into wall seconds (``zero_latency`` skips all waiting).
 
-    ``drift`` times are seconds since the server started (wall seconds for the HTTP server,
-    virtual seconds for ``backends/sim/virtual.py``). ``report_spec_metrics=False`` emulates
-    vllm-neuron: no per-request ``speculative_decoding`` and draft counters that stay at 0.
+    ``drift`` times are seconds of model time since the server started: wall seconds divided
+    by ``time_scale`` for the HTTP server, virtual seconds for ``backends/sim/virtual.py``.
+    ``report_spec_metrics=False`` emulates vllm-neuron: no per-request
+    ``speculative_decoding`` and draft counters that stay at 0.
     ``per_request_metrics=False`` emulates vLLM started without
     ``--per-request-spec-decode-metrics``: counters on /metrics, nothing per request.
     ``stream_interval`` > 1 merges that many engine steps into one SSE chunk.

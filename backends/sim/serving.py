@@ -92,10 +92,19 @@ class SimServer:
     def uptime_s(self) -> float:
         return self._clock() - self._started
 
+    @property
+    def model_time_s(self) -> float:
+        """Seconds of model time since start: what drift schedules count, here as in
+        ``virtual.simulate`` (wall seconds / ``time_scale``)."""
+        scale = self.config.time_scale
+        return (
+            self.uptime_s / scale if scale > 0 and not self.config.zero_latency else self.uptime_s
+        )
+
     def base_acceptance(self, workload: Workload) -> float:
         return base_acceptance(
             workload,
-            now_s=self.uptime_s,
+            now_s=self.model_time_s,
             model=self.config.acceptance,
             drift=self.config.drift,
             overrides=self.overrides,
@@ -155,7 +164,7 @@ class SimServer:
             seed=config.seed,
             index=index,
             max_tokens=ask.max_tokens,
-            now_s=self.uptime_s,
+            now_s=self.model_time_s,
             model=config.acceptance,
             drift=config.drift,
             overrides=self.overrides,

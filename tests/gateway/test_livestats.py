@@ -107,3 +107,15 @@ def test_shared_mode_proposes_instead_of_applying():
     assert list(proposals) == [KEY] and not stats.proposals
     stats.apply(KEY, proposals[KEY])
     assert stats.guards[KEY].offset == 1
+
+
+def test_a_probe_round_at_low_traffic_counts_everything_since_it_began():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    stats.tick(20.0)
+    probing = stats.guards[KEY]
+    assert probing.phase == "probing"
+    for i in range(4):  # one probe a minute: never 4 inside a 60 s window
+        stats.record(outcome(0.9, epoch=probing.version), 30.0 + 70.0 * i)
+    assert stats.guards[KEY].phase == "on"
