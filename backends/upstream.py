@@ -9,6 +9,7 @@ socket exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,7 +134,7 @@ class Upstream:
     ) -> UpstreamStream:
         """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise."""
         assert self._session is not None, "Upstream.start() was not awaited"
-        timeout = aiohttp.ClientTimeout(sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s)
+        timeout = _client_timeout(timeouts)
         with _mapped(started=False):
             async with asyncio.timeout(timeouts.first_byte_s):
                 response = await self._session.post(
@@ -148,6 +149,12 @@ class Upstream:
                     response.close()
                     raise
         return stream
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
+    """One ClientTimeout per pool's settings, not one per request."""
+    return aiohttp.ClientTimeout(sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s)
 
 
 async def _raise_for(response: aiohttp.ClientResponse) -> None:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from gateway import pipeline
 from gateway.errors import JSON
+from gateway.respond import SSEResponse
 from gateway.services import Services
 
 
@@ -24,10 +25,10 @@ class Api:
     def __init__(self, services: Services) -> None:
         self.services = services
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request) -> Response | SSEResponse:
         return await pipeline.complete(self.services, request, "chat")
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request) -> Response | SSEResponse:
         return await pipeline.complete(self.services, request, "completion")
 
     async def models(self, request: Request) -> Response:

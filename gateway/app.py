@@ -64,14 +64,7 @@ def build_services(
     flags = FlagStore(holder.current)
     stats = LiveStats(
         lambda: holder.current,
-        on_transition=lambda t: telemetry.transitions.add(
-            1,
-            {
-                "rule": t.slice.split(" / ", 1)[0],
-                "from": t.before.phase.value,
-                "to": t.after.phase.value,
-            },
-        ),
+        on_transition=telemetry.transition,
     )
     pools = Pools(
         pool_specs(holder.current),
@@ -214,7 +207,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
     async def handler(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        telemetry.errors.add(1, {"status": exc.status, "code": exc.code or exc.type})
+        telemetry.error(exc.status, exc.code or exc.type)
         return await api_error_handler(request, exc)
 
     return handler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         sys.stderr.write(f"cannot read the policy: {exc}\n")
         return 1
+    _tune_gc()
     uvicorn.run(
         app,
         host=settings.host,
@@ -53,6 +55,15 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.graceful_shutdown_s),
     )
     return 0
+
+
+def _tune_gc() -> None:
+    """Freeze what start-up allocated and collect the young generation less often: a
+    request creates no reference cycles, and at the default threshold the collector ran
+    ~200 times a second under load, with full passes pausing for tens of milliseconds."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _parser() -> argparse.ArgumentParser:

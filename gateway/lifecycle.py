@@ -32,13 +32,13 @@ def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
 def policy_changed(services: Services, policy: CompiledPolicy) -> None:
     services.pools.update(pool_specs(policy))
     services.flags.policy_changed(policy)
-    services.telemetry.reloads.add(1, {"result": "ok"})
+    services.telemetry.reload("ok")
 
 
 def reload_policy(services: Services) -> ReloadResult:
     result = services.policy.reload()
     if not result.changed:
-        services.telemetry.reloads.add(1, {"result": "rejected"})
+        services.telemetry.reload("rejected")
     return result
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from backends.errors import BackendError, UpstreamRejected
 from backends.pool import Opened
@@ -18,6 +18,7 @@ from gateway import schema
 from gateway.acceptance import Fold, Labels
 from gateway.classify import classify
 from gateway.errors import JSON, ApiError, from_backend, rejected
+from gateway.respond import SSEResponse, cancelled_on_disconnect
 from gateway.services import Services
 from gateway.streaming import Relay
 from policies.decide import decide
@@ -28,7 +29,9 @@ _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-async def complete(services: Services, request: Request, kind: schema.Kind) -> Response:
+async def complete(
+    services: Services, request: Request, kind: schema.Kind
+) -> Response | SSEResponse:
     """Serve one chat or completions request."""
     started = services.clock()
     tracer = services.telemetry.tracer
@@ -36,7 +39,7 @@ async def complete(services: Services, request: Request, kind: schema.Kind) -> R
     with tracer.start_as_current_span("parse"):
         parsed, payload = schema.parse(body, kind)  # 2 parse + validate
     request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
-    path = request.url.path
+    path: str = request.scope["path"]
     with tracer.start_as_current_span("classify"):
         features = classify(parsed, path, request.headers, request_id, services.defaults)  # 3
     policy = services.policy.current
@@ -76,10 +79,11 @@ async def complete(services: Services, request: Request, kind: schema.Kind) -> R
         capture=capture,
     )
     if parsed.stream:
-        return StreamingResponse(
-            relay.sse(), headers=headers | _SSE_HEADERS, media_type="text/event-stream"
-        )
-    answer = await _unless_disconnected(request, relay.collect(chat=kind == "chat"))
+        return SSEResponse(relay.sse(), headers | _SSE_HEADERS)
+    async with cancelled_on_disconnect(request.receive) as disconnect:
+        answer = await relay.collect(chat=kind == "chat")
+    if disconnect.gone:
+        raise ApiError(499, "the client closed the connection", code="client_closed")
     return Response(orjson.dumps(answer), headers=headers, media_type=JSON)
 
 
@@ -117,13 +121,11 @@ async def _open(
         except UpstreamRejected as exc:
             return rejected(exc)
         except BackendError as exc:
-            services.telemetry.failovers.add(1, {"pool": decision.pool, "result": "exhausted"})
+            services.telemetry.failover(decision.pool, "exhausted")
             raise from_backend(exc) from None
     services.telemetry.opened(opened.spec.name, shadow=False)
     if opened.attempts:
-        services.telemetry.failovers.add(
-            len(opened.attempts), {"pool": decision.pool, "result": "served"}
-        )
+        services.telemetry.failover(decision.pool, "served", len(opened.attempts))
     return opened
 
 
@@ -159,23 +161,3 @@ def _mirror(
     if services.shadow.mirror(decision.shadow_to, path, payload, labels, cost, capture):
         return capture
     return None
-
-
-async def _unless_disconnected(request: Request, work: Any) -> dict[str, Any]:
-    """Await ``work``; if the client goes away first, cancel it (and with it the upstream)."""
-    task: asyncio.Task[dict[str, Any]] = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise ApiError(499, "the client closed the connection", code="client_closed")
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

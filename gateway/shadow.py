@@ -102,7 +102,7 @@ class ShadowRunner:
         """Start a mirror unless a bound says no; True when it started."""
         reason = self._refusal(pool, cost_tokens)
         if reason is not None:
-            self._telemetry.shadow.add(1, {"pool": pool, "result": reason})
+            self._telemetry.mirror(pool, reason)
             return False
         body = orjson.dumps(payload | {"stream": True, "stream_options": {"include_usage": True}})
         task = asyncio.create_task(
@@ -110,7 +110,7 @@ class ShadowRunner:
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self._telemetry.shadow.add(1, {"pool": pool, "result": "started"})
+        self._telemetry.mirror(pool, "started")
         return True
 
     def _refusal(self, pool: str, cost_tokens: int) -> str | None:
@@ -145,7 +145,7 @@ class ShadowRunner:
                 )
                 answer = await relay.collect(chat=path.endswith("chat/completions"))
         except (BackendError, ApiError, TimeoutError) as exc:
-            self._telemetry.shadow.add(1, {"pool": pool, "result": "failed"})
+            self._telemetry.mirror(pool, "failed")
             log.info("shadow mirror to %s failed: %s", pool, exc)
             return
         if primary_text is not None:
@@ -160,7 +160,7 @@ class ShadowRunner:
         counts.compared += 1
         counts.matched += mirrored == expected
         result = "match" if mirrored == expected else "mismatch"
-        self._telemetry.shadow.add(1, {"pool": "canary", "result": result})
+        self._telemetry.mirror("canary", result)
         if mirrored != expected:
             log.warning("canary: greedy output differs on speculation for slice %s", slice_key)
         failing = (

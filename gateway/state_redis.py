@@ -258,7 +258,7 @@ class RedisState:
                 await self.sync()
             except Exception:  # the loop must outlive any one bad round
                 log.exception("shared state: sync round failed")
-                self._telemetry.state_errors.add(1)
+                self._telemetry.sync_error()
 
     async def _listen(self) -> None:
         while True:
@@ -300,7 +300,7 @@ class RedisState:
         for key, transition in self._stats.take_proposals().items():
             self._stats.apply(key, transition)
         self._telemetry.degraded = True
-        self._telemetry.state_errors.add(1)
+        self._telemetry.sync_error()
 
     async def _reseed_if_empty(self) -> None:
         if await self._redis.set(self._key("alive"), b"1", nx=True) is None:

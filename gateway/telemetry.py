@@ -1,46 +1,98 @@
-"""Telemetry: OpenTelemetry traces and metrics, and the Prometheus registry behind /metrics.
+"""Telemetry: Prometheus metrics behind /metrics, and OpenTelemetry traces.
 
-Built once per app by ``Telemetry.build``; nothing here is global. Without an OTLP endpoint
-the tracer is OpenTelemetry's no-op tracer, so spans cost next to nothing; metrics always
-go to a Prometheus registry owned by the app (and to OTLP too when an endpoint is set).
+Built once per app by ``Telemetry.build``; nothing here is global. Metrics live in a
+registry owned by the app and are recorded through prometheus-client children cached per
+label set: about 1 us a record, where the OpenTelemetry SDK's instruments cost about 10 us
+(bench/RESULTS.md, "Gateway overhead"), and there are several records per request. To ship
+them elsewhere, point an OpenTelemetry Collector's Prometheus receiver at /metrics.
+
+Spans go through the OpenTelemetry API, one per pipeline step. With an OTLP endpoint they
+are exported over OTLP/HTTP; without one the tracer hands out one shared do-nothing context,
+so an unexported span costs a method call.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
-from opentelemetry import trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Counter, Histogram, Observation, UpDownCounter
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.acceptance import Outcome
+from policies.guardrail import Transition
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1)
 RATIO = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+_NULL = contextlib.nullcontext()
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Tracer(Protocol):
+    def start_as_current_span(self, name: str) -> AbstractContextManager[object]: ...
+
+
+class _Unexported:
+    """The tracer when nothing exports spans."""
+
+    def start_as_current_span(self, name: str) -> AbstractContextManager[object]:
+        return _NULL
+
+
+class _Children(Generic[M]):
+    """A labelled metric's children, cached by their label values."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: object) -> M:
+        key = tuple("true" if v is True else "false" if v is False else str(v) for v in values)
+        child = self._cache.get(key)
+        if child is None:
+            child = self._cache[key] = self._metric.labels(*key)
+        return child
+
+
+class _PoolAcceptance(Collector):
+    def __init__(self, rates: dict[str, float]) -> None:
+        self._rates = rates
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "speclane_pool_draft_acceptance_rate",
+            "accepted / drafted tokens of a speculative pool over the last scrape",
+            labels=["pool"],
+        )
+        for pool, rate in sorted(self._rates.items()):
+            family.add_metric([pool], rate)
+        yield family
 
 
 @dataclass(slots=True)
 class Telemetry:
-    tracer: trace.Tracer
+    tracer: Tracer
     registry: CollectorRegistry
-    requests: Counter
-    ttft: Histogram
-    tpot: Histogram
-    acceptance: Histogram
-    failovers: Counter
-    transitions: Counter
-    reloads: Counter
-    shadow: Counter
-    state_errors: Counter
-    errors: Counter
-    in_flight: UpDownCounter
-    _meters: MeterProvider
+    _requests: _Children[Counter]
+    _ttft: _Children[Histogram]
+    _tpot: _Children[Histogram]
+    _acceptance: _Children[Histogram]
+    _failovers: _Children[Counter]
+    _transitions: _Children[Counter]
+    _reloads: _Children[Counter]
+    _shadow: _Children[Counter]
+    _errors: _Children[Counter]
+    _sync_errors: Counter
+    _in_flight: _Children[Gauge]
     _tracers: TracerProvider | None
     degraded: bool = False
     pool_acceptance: dict[str, float] = field(default_factory=dict)
@@ -48,124 +100,120 @@ class Telemetry:
     @classmethod
     def build(cls, otlp_endpoint: str | None = None) -> Telemetry:
         registry = CollectorRegistry(auto_describe=True)
-        resource = Resource.create({"service.name": "speclane"})
-        readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
-        tracers: TracerProvider | None = None
-        if otlp_endpoint:
-            readers.append(_otlp_metrics(otlp_endpoint))
-            tracers = _otlp_tracer(otlp_endpoint, resource)
-        meters = MeterProvider(metric_readers=readers, resource=resource)
-        meter = meters.get_meter("speclane")
-        tracer = tracers.get_tracer("speclane") if tracers else trace.NoOpTracer()
+        tracers = _otlp_tracer(otlp_endpoint) if otlp_endpoint else None
+        tracer: Tracer = tracers.get_tracer("speclane") if tracers else _Unexported()
+        by_pool = ["model", "rule", "pool"]
+
+        def counter(name: str, doc: str, labels: list[str]) -> _Children[Counter]:
+            return _Children(Counter(name, doc, labels, registry=registry))
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> _Children[Histogram]:
+            return _Children(Histogram(name, doc, by_pool, registry=registry, buckets=buckets))
+
         telemetry = cls(
             tracer=tracer,
             registry=registry,
-            requests=meter.create_counter(
-                "speclane_requests", description="requests finished, by outcome"
+            _requests=counter(
+                "speclane_requests",
+                "requests finished, by outcome",
+                [*by_pool, "status", "signal", "shadow"],
             ),
-            ttft=meter.create_histogram(
-                "speclane_ttft_seconds",
-                unit="s",
-                description="time to first token, at the gateway",
-                explicit_bucket_boundaries_advisory=SECONDS,
+            _ttft=histogram(
+                "speclane_ttft_seconds", "time to first token, at the gateway", SECONDS
             ),
-            tpot=meter.create_histogram(
-                "speclane_tpot_seconds",
-                unit="s",
-                description="time per output token after the first",
-                explicit_bucket_boundaries_advisory=TPOT,
-            ),
-            acceptance=meter.create_histogram(
+            _tpot=histogram("speclane_tpot_seconds", "time per output token after the first", TPOT),
+            _acceptance=histogram(
                 "speclane_draft_acceptance_rate",
-                description="accepted / drafted tokens per request on speculative pools",
-                explicit_bucket_boundaries_advisory=RATIO,
+                "accepted / drafted tokens per request on speculative pools",
+                RATIO,
             ),
-            failovers=meter.create_counter(
-                "speclane_failovers", description="upstream tries that failed before one served"
+            _failovers=counter(
+                "speclane_failovers",
+                "upstream tries that failed before one served (or none did)",
+                ["pool", "result"],
             ),
-            transitions=meter.create_counter(
-                "speclane_guardrail_transitions", description="guardrail transitions, by phase"
+            _transitions=counter(
+                "speclane_guardrail_transitions", "guardrail transitions", ["rule", "from", "to"]
             ),
-            reloads=meter.create_counter(
-                "speclane_policy_reloads", description="policy reloads, by result"
+            _reloads=counter("speclane_policy_reloads", "policy reloads, by result", ["result"]),
+            _shadow=counter(
+                "speclane_shadow_mirrors", "shadow mirrors, by result", ["pool", "result"]
             ),
-            shadow=meter.create_counter(
-                "speclane_shadow_mirrors", description="shadow mirrors, by result"
-            ),
-            state_errors=meter.create_counter(
-                "speclane_state_sync_errors", description="failed syncs with the shared store"
-            ),
-            errors=meter.create_counter(
+            _errors=counter(
                 "speclane_request_errors",
-                description="requests answered with an error before any upstream answered",
+                "requests answered with an error before any upstream answered",
+                ["status", "code"],
             ),
-            in_flight=meter.create_up_down_counter(
-                "speclane_requests_in_flight", description="requests being served"
+            _sync_errors=Counter(
+                "speclane_state_sync_errors",
+                "failed syncs with the shared store",
+                registry=registry,
             ),
-            _meters=meters,
+            _in_flight=_Children(
+                Gauge(
+                    "speclane_requests_in_flight",
+                    "streams open to upstreams",
+                    ["pool", "shadow"],
+                    registry=registry,
+                )
+            ),
             _tracers=tracers,
         )
-        meter.create_observable_gauge(
+        degraded = Gauge(
             "speclane_state_degraded",
-            callbacks=[lambda options: [Observation(1 if telemetry.degraded else 0)]],
-            description="1 while the shared store is unreachable and state is local only",
+            "1 while the shared store is unreachable and state is local only",
+            registry=registry,
         )
-        meter.create_observable_gauge(
-            "speclane_pool_draft_acceptance_rate",
-            callbacks=[
-                lambda options: [
-                    Observation(rate, {"pool": pool})
-                    for pool, rate in telemetry.pool_acceptance.items()
-                ]
-            ],
-            description="accepted / drafted tokens of a speculative pool over the last scrape",
-        )
+        degraded.set_function(lambda: 1.0 if telemetry.degraded else 0.0)
+        registry.register(_PoolAcceptance(telemetry.pool_acceptance))
         return telemetry
 
     def opened(self, pool: str, shadow: bool) -> None:
-        self.in_flight.add(1, {"pool": pool, "shadow": shadow})
+        self._in_flight(pool, shadow).inc()
 
     def observe(self, outcome: Outcome) -> None:
         """One finished stream; every opened stream ends here exactly once."""
         labels = outcome.labels
-        self.in_flight.add(-1, {"pool": labels.pool, "shadow": labels.shadow})
-        attributes = {
-            "model": labels.model,
-            "rule": labels.rule,
-            "pool": labels.pool,
-            "status": outcome.status.value,
-            "signal": outcome.signal.value,
-            "shadow": labels.shadow,
-        }
-        self.requests.add(1, attributes)
-        where = {"model": labels.model, "rule": labels.rule, "pool": labels.pool}
+        self._in_flight(labels.pool, labels.shadow).dec()
+        status, signal = outcome.status.value, outcome.signal.value
+        self._requests(labels.model, labels.rule, labels.pool, status, signal, labels.shadow).inc()
+        where = (labels.model, labels.rule, labels.pool)
         if outcome.ttft_s is not None:
-            self.ttft.record(outcome.ttft_s, where)
+            self._ttft(*where).observe(outcome.ttft_s)
         if outcome.tpot_s is not None:
-            self.tpot.record(outcome.tpot_s, where)
+            self._tpot(*where).observe(outcome.tpot_s)
         rate = outcome.acceptance_rate
         if rate is not None:
-            self.acceptance.record(rate, where)
+            self._acceptance(*where).observe(rate)
+
+    def failover(self, pool: str, result: str, tries: int = 1) -> None:
+        self._failovers(pool, result).inc(tries)
+
+    def transition(self, t: Transition) -> None:
+        self._transitions(t.slice.split(" / ", 1)[0], t.before.phase, t.after.phase).inc()
+
+    def reload(self, result: str) -> None:
+        self._reloads(result).inc()
+
+    def mirror(self, pool: str, result: str) -> None:
+        self._shadow(pool, result).inc()
+
+    def error(self, status: int, code: str) -> None:
+        self._errors(status, code).inc()
+
+    def sync_error(self) -> None:
+        self._sync_errors.inc()
 
     def shutdown(self) -> None:
-        self._meters.shutdown()
         if self._tracers is not None:
             self._tracers.shutdown()
 
 
-def _otlp_metrics(endpoint: str) -> MetricReader:
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
-    return PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{endpoint}/v1/metrics"))
-
-
-def _otlp_tracer(endpoint: str, resource: Resource) -> TracerProvider:
+def _otlp_tracer(endpoint: str) -> TracerProvider:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"))
-    )
+    provider = TracerProvider(resource=Resource.create({"service.name": "speclane"}))
+    exporter = OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
