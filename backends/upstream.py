@@ -74,6 +74,14 @@ class UpstreamStream:
         self.done = self.first == DONE
         return self.first
 
+    def take_pending(self) -> list[bytes]:
+        """Events that arrived with the first one: the caller sends them together."""
+        pending, self._pending = self._pending, []
+        if DONE in pending:
+            self.done = True
+            pending = pending[: pending.index(DONE) + 1]
+        return pending
+
     async def batches(self) -> AsyncIterator[list[bytes]]:
         """Data payloads after the first, as read from the socket together, ending with
         ``[DONE]``; ``StreamBroken`` if the stream ends or fails without it."""

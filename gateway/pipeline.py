@@ -79,7 +79,7 @@ async def complete(
         capture=capture,
     )
     if parsed.stream:
-        return SSEResponse(relay.sse(), headers | _SSE_HEADERS)
+        return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
     async with cancelled_on_disconnect(request.receive) as disconnect:
         answer = await relay.collect(chat=kind == "chat")
     if disconnect.gone:

@@ -58,10 +58,18 @@ async def cancelled_on_disconnect(receive: Receive) -> AsyncIterator[Disconnect]
 class SSEResponse:
     """A ``text/event-stream`` response fed by an async iterator of bytes."""
 
-    __slots__ = ("_body", "_headers")
+    __slots__ = ("_body", "_finished", "_headers")
 
-    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        headers: Mapping[str, str],
+        finished: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``finished()`` true right after a chunk means it was the last: it goes out with
+        the end of the response, which saves the server one empty write."""
         self._body = body
+        self._finished = finished
         self._headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
@@ -72,10 +80,14 @@ class SSEResponse:
         try:
             async with cancelled_on_disconnect(receive) as disconnect:
                 await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+                last = b""
                 async for chunk in body:
+                    if self._finished():
+                        last = chunk
+                        break
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 disconnect.settled = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await send({"type": "http.response.body", "body": last, "more_body": False})
         finally:
             await _close(body)
 

@@ -72,9 +72,15 @@ class Relay:
         self._error = ""
 
     async def _batches(self) -> AsyncIterator[list[bytes]]:
-        yield [self._opened.stream.first]
-        async for batch in self._opened.stream.batches():
+        stream = self._opened.stream
+        yield [stream.first, *stream.take_pending()]
+        async for batch in stream.batches():
             yield batch
+
+    @property
+    def finished(self) -> bool:
+        """The last batch has been produced: the client's answer is complete."""
+        return self._status is not Status.CANCELLED
 
     def _inspect(self, data: bytes, now: float) -> dict[str, Any]:
         chunk = orjson.loads(data)
