@@ -1,11 +1,12 @@
 """Time-bucketed sliding windows of request outcomes, for one slice on one pool.
 
-A window is a ring of ``BUCKETS`` buckets covering ``window_s``; adding is O(1) (at most
-one bucket is recycled per add) and summing walks the ring once. Pure: ``now`` is passed in.
+A window keeps time-ordered buckets of ``window_s / BUCKETS`` seconds and their running
+total, so recording and reading are O(1) amortised. Pure: ``now`` is passed in.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 BUCKETS = 24
@@ -22,6 +23,15 @@ class Counts:
     tpot_sum: float = 0.0
     tpot_n: int = 0
     errors: int = 0
+
+    def subtract(self, other: Counts) -> None:
+        self.requests -= other.requests
+        self.measured -= other.measured
+        self.drafted -= other.drafted
+        self.accepted -= other.accepted
+        self.tpot_sum -= other.tpot_sum
+        self.tpot_n -= other.tpot_n
+        self.errors -= other.errors
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
@@ -43,47 +53,66 @@ class Counts:
 
 class Window:
     """Counts over the last ``window_s`` seconds, in buckets of ``window_s / BUCKETS``, and
-    ``since_start``: everything added since the window was made (or last drained)."""
+    ``since_start``: everything added since the window was made (or last drained).
 
-    __slots__ = ("_counts", "_starts", "since_start", "width", "window_s")
+    Buckets sit in time order with a running total; adding and totalling drop the buckets
+    that left the window, so both are O(1) amortised.
+    """
+
+    __slots__ = ("_buckets", "_total", "since_start", "width", "window_s")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.width = window_s / BUCKETS
-        self._starts = [float("-inf")] * BUCKETS
-        self._counts = [Counts() for _ in range(BUCKETS)]
+        self._buckets: deque[tuple[float, Counts]] = deque()
+        self._total = Counts()
         self.since_start = Counts()
 
     def add(self, now: float, counts: Counts) -> None:
-        self.bucket(now).add(counts)
-        self.since_start.add(counts)
-
-    def bucket(self, now: float) -> Counts:
-        """The bucket ``now`` falls in, emptied first if it last held an older span."""
         start = now - now % self.width
-        i = int(start / self.width) % BUCKETS
-        if self._starts[i] != start:
-            self._starts[i] = start
-            self._counts[i] = Counts()
-        return self._counts[i]
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == start:
+            buckets[-1][1].add(counts)
+        elif not buckets or buckets[-1][0] < start:
+            buckets.append((start, _copy(counts)))
+        else:  # late: an older bucket (a restored increment)
+            self._insert(start, counts)
+        self._total.add(counts)
+        self.since_start.add(counts)
+        self._expire(now)
+
+    def _insert(self, start: float, counts: Counts) -> None:
+        for bucket_start, bucket in self._buckets:
+            if bucket_start == start:
+                bucket.add(counts)
+                return
+        self._buckets.append((start, _copy(counts)))
+        self._buckets = deque(sorted(self._buckets, key=lambda b: b[0]))
+
+    def _expire(self, now: float) -> None:
+        oldest = now - self.window_s
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= oldest:
+            _, gone = buckets.popleft()
+            self._total.subtract(gone)
 
     def total(self, now: float) -> Counts:
-        oldest = now - self.window_s
-        out = Counts()
-        for start, counts in zip(self._starts, self._counts, strict=True):
-            if start > oldest:
-                out.add(counts)
-        return out
+        self._expire(now)
+        return _copy(self._total)
 
     def drain(self) -> list[tuple[float, Counts]]:
-        """Every non-empty bucket with its start, emptied (handed to a shared store)."""
+        """Every bucket with its start, emptied (handed to a shared store)."""
+        out = list(self._buckets)
+        self._buckets.clear()
+        self._total = Counts()
         self.since_start = Counts()
-        out = []
-        for i, (start, counts) in enumerate(zip(self._starts, self._counts, strict=True)):
-            if counts.requests:
-                out.append((start, counts))
-                self._counts[i] = Counts()
         return out
+
+
+def _copy(counts: Counts) -> Counts:
+    out = Counts()
+    out.add(counts)
+    return out
 
 
 def total_since(buckets: dict[float, Counts], oldest: float) -> Counts:

@@ -3,9 +3,12 @@ bounded, and shared-mode proposals wait for the store."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.acceptance import Labels, Outcome, Signal, Status
 from gateway.livestats import LiveStats
-from gateway.windows import Window
+from gateway.windows import Counts, Window
 from policies.compiled import load_policy
 
 POLICY = load_policy(
@@ -42,11 +45,34 @@ def outcome(rate: float, *, epoch: int = 0, pool: str = "spec", status=Status.OK
 
 def test_window_drops_old_buckets():
     w = Window(60)
-    w.bucket(0.0).requests += 1
-    w.bucket(30.0).requests += 1
+    w.add(0.0, Counts(requests=1))
+    w.add(30.0, Counts(requests=1, drafted=10))
     assert w.total(59.0).requests == 2
     assert w.total(62.5).requests == 1
     assert w.total(95.0).requests == 0
+    assert w.since_start.requests == 2  # probe rounds see everything since the start
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.integers(1, 5)), max_size=40), st.floats(0, 80))
+def test_window_total_equals_a_plain_sum(adds, extra):
+    w = Window(60)
+    now = 0.0
+    kept = []
+    for gap, n in adds:
+        now += gap
+        w.add(now, Counts(requests=n))
+        kept.append((now - now % w.width, n))
+    later = now + extra
+    expected = sum(n for start, n in kept if start > later - 60)
+    assert w.total(later).requests == expected
+
+
+def test_restored_increments_land_in_their_own_bucket():
+    w = Window(60)
+    w.add(30.0, Counts(requests=1))
+    w.add(10.0, Counts(requests=2))  # put back after a failed push
+    assert [(start, c.requests) for start, c in w.drain()] == [(10.0, 2), (30.0, 1)]
+    assert w.total(31.0).requests == 0
 
 
 def test_falls_back_then_probes_then_recovers_with_a_fake_clock():
