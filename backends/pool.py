@@ -8,12 +8,15 @@ and is raised at once. Knows nothing of policies or the gateway: pools are names
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from backends.breaker import Breaker, BreakerState
 from backends.errors import BackendError, Unavailable, UpstreamRejected, UpstreamTimeout
 from backends.upstream import Timeouts, Upstream, UpstreamStream
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,16 @@ class Attempt:
     pool: str
     url: str
     error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A whole non-streamed answer, and where it came from."""
+
+    spec: PoolSpec
+    endpoint: Endpoint
+    body: bytes
+    attempts: tuple[Attempt, ...]
 
 
 @dataclass(slots=True)
@@ -147,6 +160,30 @@ class Pools:
         self, rungs: Sequence[str], path: str, body: bytes, headers: Mapping[str, str]
     ) -> Opened:
         """The first stream, down ``rungs``, that yields an event."""
+
+        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
+            return await self._upstream.open(endpoint.url + path, body, headers, spec.timeouts)
+
+        spec, endpoint, stream, attempts = await self._first(rungs, attempt)
+        return Opened(spec, endpoint, stream, attempts, self)
+
+    async def complete(
+        self, rungs: Sequence[str], path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Completed:
+        """The first whole non-streamed answer, down ``rungs``."""
+
+        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
+            url = endpoint.url + path
+            return await self._upstream.complete(url, body, headers, spec.timeouts)
+
+        spec, endpoint, answer, attempts = await self._first(rungs, attempt)
+        endpoint.outstanding -= 1
+        return Completed(spec, endpoint, answer, attempts)
+
+    async def _first(
+        self, rungs: Sequence[str], attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]]
+    ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
+        """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
         for name in rungs:
@@ -155,29 +192,27 @@ class Pools:
                 continue
             for endpoint in self.candidates(name)[: self._tries_per_pool]:
                 try:
-                    stream = await self._try(endpoint, spec, path, body, headers)
+                    result = await self._try(endpoint, spec, attempt)
                 except UpstreamRejected:
                     raise
                 except BackendError as exc:
                     attempts.append(Attempt(name, endpoint.url, str(exc)))
                     errors.append(exc)
                     continue
-                return Opened(spec, endpoint, stream, tuple(attempts), self)
+                return spec, endpoint, result, tuple(attempts)
         raise _summary(errors, attempts)
 
     async def _try(
         self,
         endpoint: Endpoint,
         spec: PoolSpec,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-    ) -> UpstreamStream:
+        attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
+    ) -> T:
         endpoint.breaker.begin(self._clock())
         endpoint.picked += 1
         endpoint.outstanding += 1
         try:
-            stream = await self._upstream.open(endpoint.url + path, body, headers, spec.timeouts)
+            result = await attempt(endpoint, spec)
         except UpstreamRejected:
             endpoint.outstanding -= 1
             endpoint.breaker.success()
@@ -190,7 +225,7 @@ class Pools:
                 endpoint.breaker.abandon()
             raise
         endpoint.breaker.success()
-        return stream
+        return result
 
 
 def _summary(errors: list[BackendError], attempts: list[Attempt]) -> BackendError:

@@ -30,9 +30,12 @@ _ERROR_BODY_LIMIT = 64 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
+    """``total_s`` bounds a whole non-streamed answer, which has no first byte before it."""
+
     connect_s: float = 2.0
     first_byte_s: float = 60.0
     idle_s: float = 60.0
+    total_s: float = 600.0
 
 
 @contextmanager
@@ -137,6 +140,18 @@ class Upstream:
                     raise Unavailable(f"{url} answered {response.status}", response.status)
                 return await response.text()
 
+    async def complete(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
+    ) -> bytes:
+        """POST a non-streaming request and read the whole answer."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        with _mapped(started=False):
+            async with asyncio.timeout(timeouts.total_s):
+                response = await self._session.post(
+                    url, data=body, headers=headers, timeout=_client_timeout(timeouts)
+                )
+                return await _read_whole(response)
+
     async def open(
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
     ) -> UpstreamStream:
@@ -163,6 +178,15 @@ class Upstream:
 def _client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
     """One ClientTimeout per pool's settings, not one per request."""
     return aiohttp.ClientTimeout(sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s)
+
+
+async def _read_whole(response: aiohttp.ClientResponse) -> bytes:
+    try:
+        if response.status >= 400:
+            await _raise_for(response)
+        return await response.read()
+    finally:
+        response.release()
 
 
 async def _raise_for(response: aiohttp.ClientResponse) -> None:

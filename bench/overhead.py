@@ -52,10 +52,12 @@ pools:
     model: {model}
     num_speculative_tokens: 4
     endpoints: [{url}]
+    passthrough_non_streaming: true
   standard:
     kind: standard
     model: {model}
     endpoints: [{url}]
+    passthrough_non_streaming: true
 ladder: [spec, standard]
 guardrail:
   min_acceptance: 0.3

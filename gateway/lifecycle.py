@@ -21,7 +21,10 @@ def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
             endpoints=tuple(pool.endpoints),
             k=pool.num_speculative_tokens,
             timeouts=Timeouts(
-                pool.timeouts.connect_s, pool.timeouts.first_byte_s, pool.timeouts.idle_s
+                pool.timeouts.connect_s,
+                pool.timeouts.first_byte_s,
+                pool.timeouts.idle_s,
+                pool.timeouts.total_s,
             ),
             discover=pool.discovery == "dns",
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,18 +16,34 @@ from starlette.responses import Response
 from backends.errors import BackendError, UpstreamRejected
 from backends.pool import Opened
 from gateway import schema
-from gateway.acceptance import Fold, Labels
+from gateway.acceptance import Fold, Labels, Status
 from gateway.classify import classify
 from gateway.errors import JSON, ApiError, from_backend, rejected
 from gateway.respond import SSEResponse, cancelled_on_disconnect
 from gateway.services import Services
+from gateway.shadow import answer_text
 from gateway.streaming import Relay
 from policies.decide import decide
 from policies.decision import Decision
 from policies.features import Features
 
 _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
+_SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request after steps 1-4: what was asked, of whom, and what the policy decided."""
+
+    kind: schema.Kind
+    parsed: schema.AnyRequest
+    payload: dict[str, Any]
+    features: Features
+    decision: Decision
+    path: str
+    request_id: str
+    started: float
 
 
 async def complete(
@@ -52,39 +69,92 @@ async def complete(
             param="model",
             code="model_not_found",
         )
-    headers = _decision_headers(services, decision, request_id)
-    opened = await _open(services, decision, path, payload, request_id)  # 5 forward
+    ask = Ask(kind, parsed, payload, features, decision, path, request_id, started)
+    if not parsed.stream and policy.pools[decision.pool].passthrough_non_streaming:
+        return await _whole(services, request, ask)
+    return await _streamed(services, request, ask)
+
+
+async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
+    """Steps 5-8 through an upstream stream: relayed as it comes, or assembled."""
+    opened = await _open(services, ask)  # 5 forward
     if isinstance(opened, Response):
         return opened
-    headers["x-speclane-pool"] = opened.spec.name
-    labels = Labels(
-        model=parsed.model,
-        rule=decision.rule,
-        slice=decision.slice,
-        pool=opened.spec.name,
-        k=opened.spec.k,
-        endpoint=opened.endpoint.url,
-        probe=decision.probe,
-        tenant=features.tenant,
-        epoch=decision.epoch,
-        chunk_signal=policy.pools[opened.spec.name].chunk_acceptance,
-    )
-    capture = _mirror(services, decision, features, payload, path, labels)
+    headers = _decision_headers(services, ask, opened.spec.name)
+    chunks = services.policy.current.pools[opened.spec.name].chunk_acceptance
+    labels = _labels(ask, opened.spec.name, opened.spec.k, opened.endpoint.url, chunks)
+    capture = _mirror(services, ask, labels)
     relay = Relay(  # 6 measure, 7 feedback (on_done), 8 respond
         opened,
-        Fold(labels, started),
-        include_usage=parsed.include_usage,
+        Fold(labels, ask.started),
+        include_usage=ask.parsed.include_usage,
         clock=services.clock,
         on_done=services.record,
         capture=capture,
     )
-    if parsed.stream:
+    if ask.parsed.stream:
         return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
     async with cancelled_on_disconnect(request.receive) as disconnect:
-        answer = await relay.collect(chat=kind == "chat")
+        answer = await relay.collect(chat=ask.kind == "chat")
     if disconnect.gone:
-        raise ApiError(499, "the client closed the connection", code="client_closed")
+        raise _client_closed()
     return Response(orjson.dumps(answer), headers=headers, media_type=JSON)
+
+
+async def _whole(services: Services, request: Request, ask: Ask) -> Response:
+    """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
+    passes through untouched; its usage and vLLM metrics are the measurement."""
+    body = orjson.dumps(ask.payload)
+    forward = {"content-type": JSON, "accept": JSON, "x-request-id": ask.request_id}
+    async with cancelled_on_disconnect(request.receive) as disconnect:
+        with services.telemetry.tracer.start_as_current_span("forward"):
+            try:
+                done = await services.pools.complete(ask.decision.rungs, ask.path, body, forward)
+            except UpstreamRejected as exc:
+                return rejected(exc)
+            except BackendError as exc:
+                services.telemetry.failover(ask.decision.pool, "exhausted")
+                raise from_backend(exc) from None
+    if disconnect.gone:
+        raise _client_closed()
+    services.telemetry.opened(done.spec.name, shadow=False)
+    labels = _labels(ask, done.spec.name, done.spec.k, done.endpoint.url, chunks=False)
+    capture = _mirror(services, ask, labels)
+    fold = Fold(labels, ask.started)
+    answer = _json_object(done.body)
+    fold.usage(answer.get("usage") or {}, answer.get("metrics"))
+    services.record(fold.finish(Status.OK, services.clock()))
+    if capture is not None:
+        capture.set_result(answer_text(answer))
+    headers = _decision_headers(services, ask, done.spec.name)
+    return Response(done.body, headers=headers, media_type=JSON)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _labels(ask: Ask, pool: str, k: int | None, endpoint: str, chunks: bool) -> Labels:
+    return Labels(
+        model=ask.parsed.model,
+        rule=ask.decision.rule,
+        slice=ask.decision.slice,
+        pool=pool,
+        k=k,
+        endpoint=endpoint,
+        probe=ask.decision.probe,
+        tenant=ask.features.tenant,
+        epoch=ask.decision.epoch,
+        chunk_signal=chunks,
+    )
+
+
+def _client_closed() -> ApiError:
+    return ApiError(499, "the client closed the connection", code="client_closed")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -105,19 +175,14 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
 
 
-async def _open(
-    services: Services,
-    decision: Decision,
-    path: str,
-    payload: dict[str, Any],
-    request_id: str,
-) -> Opened | Response:
-    upstream_payload = payload | {"stream": True, "stream_options": {"include_usage": True}}
+async def _open(services: Services, ask: Ask) -> Opened | Response:
+    decision = ask.decision
+    upstream_payload = ask.payload | {"stream": True, "stream_options": {"include_usage": True}}
     body = orjson.dumps(upstream_payload)
-    forward = {"content-type": JSON, "x-request-id": request_id}
+    forward = {"content-type": JSON, "accept": _SSE, "x-request-id": ask.request_id}
     with services.telemetry.tracer.start_as_current_span("forward"):
         try:
-            opened = await services.pools.open(decision.rungs, path, body, forward)
+            opened = await services.pools.open(decision.rungs, ask.path, body, forward)
         except UpstreamRejected as exc:
             return rejected(exc)
         except BackendError as exc:
@@ -129,13 +194,15 @@ async def _open(
     return opened
 
 
-def _decision_headers(services: Services, decision: Decision, request_id: str) -> dict[str, str]:
+def _decision_headers(services: Services, ask: Ask, pool: str) -> dict[str, str]:
     if not services.settings.decision_headers:
-        return {"x-request-id": request_id}
+        return {"x-request-id": ask.request_id}
+    decision = ask.decision
     return {
-        "x-request-id": request_id,
+        "x-request-id": ask.request_id,
         "x-speclane-rule": decision.rule,
         "x-speclane-slice": _ascii(decision.slice),
+        "x-speclane-pool": pool,
         "x-speclane-reason": _ascii(decision.reason),
     }
 
@@ -144,20 +211,15 @@ def _ascii(value: str) -> str:
     return value.encode("ascii", "replace").decode()
 
 
-def _mirror(
-    services: Services,
-    decision: Decision,
-    features: Features,
-    payload: dict[str, Any],
-    path: str,
-    labels: Labels,
-) -> asyncio.Future[str] | None:
+def _mirror(services: Services, ask: Ask, labels: Labels) -> asyncio.Future[str] | None:
     """Start the decision's shadow mirror, if any; a future for the canary when greedy."""
-    if decision.shadow_to is None:
+    target = ask.decision.shadow_to
+    if target is None:
         return None
+    features = ask.features
     greedy = features.temperature == 0 and features.n == 1
     capture = asyncio.get_running_loop().create_future() if greedy else None
     cost = features.prompt_tokens + (features.max_tokens or _ASSUMED_OUTPUT)
-    if services.shadow.mirror(decision.shadow_to, path, payload, labels, cost, capture):
+    if services.shadow.mirror(target, ask.path, ask.payload, labels, cost, capture):
         return capture
     return None

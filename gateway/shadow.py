@@ -32,7 +32,7 @@ from gateway.streaming import Relay
 from gateway.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-_HEADERS = {"content-type": "application/json"}
+_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 
 
 @dataclass(frozen=True, slots=True)

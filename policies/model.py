@@ -29,11 +29,13 @@ class PoolKind(StrEnum):
 
 
 class Timeouts(_Strict):
-    """Seconds to wait for a connection, for the first streamed event, and between events."""
+    """Seconds to wait for a connection, for the first streamed event, between events, and
+    for a whole answer requested without streaming (``passthrough_non_streaming``)."""
 
     connect_s: Annotated[float, Field(gt=0)] = 2.0
     first_byte_s: Annotated[float, Field(gt=0)] = 60.0
     idle_s: Annotated[float, Field(gt=0)] = 60.0
+    total_s: Annotated[float, Field(gt=0)] = 600.0
 
 
 class Pool(_Strict):
@@ -49,6 +51,13 @@ class Pool(_Strict):
         description="estimate acceptance from tokens per streamed chunk when the server "
         "reports none per request; turn off for servers that merge engine steps into one "
         "chunk (vLLM --stream-interval > 1), then the pool's counters or speed are used",
+    )
+    passthrough_non_streaming: bool = Field(
+        False,
+        description="send a client's non-streaming request upstream as it is and pass the "
+        "answer through untouched: cheaper than streaming and assembling, but such requests "
+        "yield no TTFT or time per output token, and acceptance only from vLLM's per-request "
+        "metrics (--per-request-spec-decode-metrics), so use it only on pools that report them",
     )
     discovery: Literal["none", "dns"] = Field(
         "none",
