@@ -11,13 +11,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from backends.pool import Pools
 from backends.upstream import Upstream
@@ -25,7 +25,8 @@ from gateway.acceptance import Outcome
 from gateway.admin import Admin
 from gateway.api import Api
 from gateway.classify import Defaults
-from gateway.errors import JSON, ApiError, api_error_handler
+from gateway.errors import ApiError, api_error_handler, internal_error
+from gateway.fastlane import FastLane
 from gateway.flagstore import FlagStore
 from gateway.lifecycle import (
     discover,
@@ -146,7 +147,7 @@ def _state(
     )
 
 
-def create_app(settings: Settings, services: Services | None = None) -> Starlette:
+def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     """The gateway as an ASGI app; pass ``services`` to plug in prebuilt collaborators."""
     services = services or build_services(settings)
     api = Api(services)
@@ -193,15 +194,18 @@ def create_app(settings: Settings, services: Services | None = None) -> Starlett
         Route("/metrics", metrics, methods=["GET"]),
         *Admin(services).routes(),
     ]
-    return Starlette(
+    on_api_error = _counted(services.telemetry)
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
-            ApiError: _counted(services.telemetry),
+            ApiError: on_api_error,
             HTTPException: _http_error,
             Exception: _unexpected,
         },
     )
+    hot = {"/v1/chat/completions": api.chat, "/v1/completions": api.completions}
+    return FastLane(app, hot, on_api_error)
 
 
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
@@ -221,5 +225,4 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
-    error = {"message": "internal error", "type": "server_error", "param": None, "code": None}
-    return Response(orjson.dumps({"error": error}), 500, media_type=JSON)
+    return internal_error()

@@ -76,3 +76,9 @@ def rejected(exc: UpstreamRejected) -> Response:
 async def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return exc.response()
+
+
+def internal_error() -> Response:
+    """The answer to a bug: no traceback, no detail, OpenAI's shape."""
+    error = {"message": "internal error", "type": "server_error", "param": None, "code": None}
+    return Response(orjson.dumps({"error": error}), 500, media_type=JSON)

@@ -137,7 +137,7 @@ class LiveStats:
         if outcome.signal is Signal.SPEED and outcome.status is Status.OK:
             per_slice = self._unmeasured.setdefault(labels.pool, {})
             per_slice[labels.slice] = per_slice.get(labels.slice, 0) + 1
-        self._step(labels.slice, entry, policy, now)
+        self._step(labels.slice, entry, found, now)
 
     def pool_counters(self, pool: str, drafted: int, accepted: int, now: float) -> None:
         """A pool's draft/accepted tokens since the last scrape (acceptance signal 3). They
@@ -152,15 +152,18 @@ class LiveStats:
         if entry is None or window is None:
             return
         window.add(now, Counts(measured=requests, drafted=drafted, accepted=accepted))
-        self._step(key, entry, self._policy(), now)
+        found = _rule_and_ladder(self._policy(), entry.rule, entry.model)
+        if found is not None:
+            self._step(key, entry, found, now)
 
     def tick(self, now: float) -> None:
         """Step every slice that is not on its start rung (cooldowns end with time alone)."""
         policy = self._policy()
         for key in list(self.guards):
             entry = self._slices.get(key)
-            if entry is not None:
-                self._step(key, entry, policy, now)
+            found = entry and _rule_and_ladder(policy, entry.rule, entry.model)
+            if entry is not None and found:
+                self._step(key, entry, found, now)
 
     def _touch(self, key: str, model: str, rule: str, now: float) -> _Slice:
         entry = self._slices.get(key)
@@ -175,11 +178,12 @@ class LiveStats:
         entry.seen = now
         return entry
 
-    def _step(self, key: str, entry: _Slice, policy: CompiledPolicy, now: float) -> None:
-        found = _rule_and_ladder(policy, entry.rule, entry.model)
-        if found is None or found[0].rule.start == SHADOW or entry.proposed:
-            return
+    def _step(
+        self, key: str, entry: _Slice, found: tuple[CompiledRule, Ladder], now: float
+    ) -> None:
         rule, ladder = found
+        if rule.rule.start == SHADOW or entry.proposed:
+            return
         start = ladder.index(rule.rule.start)
         standard = len(ladder.pools) - 1
         judged = start + judged_rung(entry.state)

@@ -53,13 +53,13 @@ class _Children(Generic[M]):
 
     def __init__(self, metric: M) -> None:
         self._metric: M = metric
-        self._cache: dict[tuple[str, ...], M] = {}
+        self._cache: dict[tuple[object, ...], M] = {}
 
     def __call__(self, *values: object) -> M:
-        key = tuple("true" if v is True else "false" if v is False else str(v) for v in values)
-        child = self._cache.get(key)
+        child = self._cache.get(values)
         if child is None:
-            child = self._cache[key] = self._metric.labels(*key)
+            text = ("true" if v is True else "false" if v is False else str(v) for v in values)
+            child = self._cache[values] = self._metric.labels(*text)
         return child
 
 
