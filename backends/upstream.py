@@ -1,8 +1,8 @@
 """Step 5 of a request, on the wire: one streaming POST to one OpenAI-compatible endpoint.
 
 Uses one shared aiohttp session (keep-alive, connection limits). aiohttp rather than httpx:
-on the same machine a streaming round trip through httpx's pool cost 2.3x (concurrency 1)
-to 17x (concurrency 64) more than through aiohttp; see bench/RESULTS.md. Every aiohttp and
+on the same machine httpx took 3.2x as long per streamed round trip with one in flight and
+delivered 1/17 of the throughput with 64 (bench/RESULTS.md, "Upstream HTTP client"). Every aiohttp and
 socket exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
 """
 

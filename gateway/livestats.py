@@ -151,7 +151,17 @@ class LiveStats:
         window = entry.windows.get(pool) if entry else None
         if entry is None or window is None:
             return
-        window.add(now, Counts(measured=requests, drafted=drafted, accepted=accepted))
+        rate = accepted / drafted
+        window.add(
+            now,
+            Counts(
+                measured=requests,
+                drafted=drafted,
+                accepted=accepted,
+                rate_sum=rate * requests,
+                rate_sq=rate * rate * requests,
+            ),
+        )
         found = _rule_and_ladder(self._policy(), entry.rule, entry.model)
         if found is not None:
             self._step(key, entry, found, now)
@@ -336,6 +346,7 @@ class LiveStats:
                     "requests": c.requests,
                     "measured": c.measured,
                     "acceptance": c.acceptance,
+                    "acceptance_margin95": c.margin,
                     "tpot_s": c.tpot,
                     "errors": c.errors,
                 }
@@ -355,9 +366,12 @@ def _counts(outcome: Outcome) -> Counts:
         counts.errors = 1
         return counts
     if outcome.drafted:
+        rate = outcome.accepted / outcome.drafted
         counts.measured = 1
         counts.drafted = outcome.drafted
         counts.accepted = outcome.accepted
+        counts.rate_sum = rate
+        counts.rate_sq = rate * rate
     if outcome.tpot_s is not None:
         counts.tpot_sum = outcome.tpot_s
         counts.tpot_n = 1

@@ -49,7 +49,18 @@ from policies.guardrail import Phase, SliceState, Transition
 
 log = logging.getLogger(__name__)
 
-_FIELDS = ("requests", "measured", "drafted", "accepted", "tpot_sum", "tpot_n", "errors")
+_FIELDS = (
+    "requests",
+    "measured",
+    "drafted",
+    "accepted",
+    "tpot_sum",
+    "tpot_n",
+    "errors",
+    "rate_sum",
+    "rate_sq",
+)
+_FLOATS = {"tpot_sum", "rate_sum", "rate_sq"}
 _MAX_LIST = 1000
 
 # Compare-and-set of one slice's guardrail state; logs the event and publishes it once.
@@ -413,5 +424,5 @@ def _buckets(fields: dict[bytes, bytes]) -> dict[float, Counts]:
         current = getattr(counts, name, None)
         if current is None:
             continue
-        setattr(counts, name, float(value) if name == "tpot_sum" else int(value))
+        setattr(counts, name, float(value) if name in _FLOATS else int(value))
     return out

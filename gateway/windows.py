@@ -6,6 +6,7 @@ total, so recording and reading are O(1) amortised. Pure: ``now`` is passed in.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ class Counts:
     tpot_sum: float = 0.0
     tpot_n: int = 0
     errors: int = 0
+    rate_sum: float = 0.0
+    rate_sq: float = 0.0
 
     def subtract(self, other: Counts) -> None:
         self.requests -= other.requests
@@ -32,6 +35,8 @@ class Counts:
         self.tpot_sum -= other.tpot_sum
         self.tpot_n -= other.tpot_n
         self.errors -= other.errors
+        self.rate_sum -= other.rate_sum
+        self.rate_sq -= other.rate_sq
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
@@ -41,10 +46,23 @@ class Counts:
         self.tpot_sum += other.tpot_sum
         self.tpot_n += other.tpot_n
         self.errors += other.errors
+        self.rate_sum += other.rate_sum
+        self.rate_sq += other.rate_sq
 
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def margin(self) -> float | None:
+        """Half-width of a 95% confidence interval for the acceptance: 1.96 standard errors
+        of the per-request rates (normal approximation; None under 2 requests)."""
+        n = self.measured
+        if n < 2:
+            return None
+        mean = self.rate_sum / n
+        variance = max(self.rate_sq / n - mean * mean, 0.0) * n / (n - 1)
+        return 1.96 * math.sqrt(variance / n)
 
     @property
     def tpot(self) -> float | None:

@@ -3,6 +3,7 @@ bounded, and shared-mode proposals wait for the store."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -145,3 +146,13 @@ def test_a_probe_round_at_low_traffic_counts_everything_since_it_began():
     for i in range(4):  # one probe a minute: never 4 inside a 60 s window
         stats.record(outcome(0.9, epoch=probing.version), 30.0 + 70.0 * i)
     assert stats.guards[KEY].phase == "on"
+
+
+def test_acceptance_comes_with_a_confidence_margin():
+    stats = LiveStats(lambda: POLICY)
+    for t, rate in enumerate([0.8, 0.9] * 10):
+        stats.record(outcome(rate), float(t))
+    window = stats.summary(30.0)[KEY]["pools"]["spec"]
+    # per-request rates 0.8 / 0.9 (sd ~0.051 over 20): 1.96 * sd / sqrt(20) ~ 0.023
+    assert window["acceptance"] == pytest.approx(0.85)
+    assert window["acceptance_margin95"] == pytest.approx(0.0225, abs=0.0005)
