@@ -1,9 +1,11 @@
-"""Step 5 of a request, on the wire: one streaming POST to one OpenAI-compatible endpoint.
+"""Step 5 of a request, on the wire: one POST to one OpenAI-compatible endpoint, streamed
+(or, for pools that allow it, one whole non-streamed answer).
 
 Uses one shared aiohttp session (keep-alive, connection limits). aiohttp rather than httpx:
 on the same machine httpx took 3.2x as long per streamed round trip with one in flight and
-delivered 1/17 of the throughput with 64 (bench/RESULTS.md, "Upstream HTTP client"). Every aiohttp and
-socket exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
+delivered 1/17 of the throughput with 64 (bench/RESULTS.md, "Upstream HTTP client").
+Every aiohttp and socket exception is mapped to ``backends.errors`` inside ``_mapped`` and
+nowhere else.
 """
 
 from __future__ import annotations
