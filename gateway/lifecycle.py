@@ -35,6 +35,7 @@ def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
 def policy_changed(services: Services, policy: CompiledPolicy) -> None:
     services.pools.update(pool_specs(policy))
     services.flags.policy_changed(policy)
+    services.stats.policy_changed(policy)
     services.telemetry.reload("ok")
 
 

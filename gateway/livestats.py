@@ -35,16 +35,17 @@ from gateway.acceptance import Outcome, Signal, Status
 from gateway.windows import Counts, Window, total_since
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.guardrail import (
+    NOTHING,
     ON_START,
     Evidence,
+    Judged,
     Phase,
-    Rung,
     SliceState,
     Transition,
-    judged_rung,
+    reset_on_reload,
     step,
 )
-from policies.model import SHADOW
+from policies.model import SHADOW, GuardrailMode
 
 log = logging.getLogger(__name__)
 
@@ -196,15 +197,17 @@ class LiveStats:
             return
         start = ladder.index(rule.rule.start)
         standard = len(ladder.pools) - 1
-        judged = start + judged_rung(entry.state)
-        if not start <= judged <= standard:
-            return
         serving = min(start + entry.state.offset, standard)
+        speed = rule.guardrail.mode is GuardrailMode.SPEEDUP
+        judged_above = NOTHING
+        if entry.state.phase is Phase.PROBING and serving > start:
+            above = serving - 1
+            judged_above = Judged(self._evidence(entry, ladder, above, now, speed), ladder.k[above])
         state, transition = step(
             key,
             entry.state,
-            self._evidence(entry, ladder, judged, now),
-            Rung(ladder.k[judged]),
+            Judged(self._evidence(entry, ladder, serving, now, speed), ladder.k[serving]),
+            judged_above,
             standard - serving,
             rule.guardrail,
             now,
@@ -212,10 +215,12 @@ class LiveStats:
         if transition is not None:
             self._transition(key, entry, transition)
 
-    def _evidence(self, entry: _Slice, ladder: Ladder, judged: int, now: float) -> Evidence:
-        counts = entry.counts(ladder.pools[judged], now)
+    def _evidence(
+        self, entry: _Slice, ladder: Ladder, rung: int, now: float, speed: bool
+    ) -> Evidence:
+        counts = entry.counts(ladder.pools[rung], now)
         speedup = None
-        if judged != len(ladder.pools) - 1:
+        if speed and rung != len(ladder.pools) - 1:
             base = entry.counts(ladder.pools[-1], now)
             if counts.tpot is not None and base.tpot is not None and base.tpot_n >= 5:
                 speedup = base.tpot / counts.tpot
@@ -239,6 +244,22 @@ class LiveStats:
         self._publish()
         if self._on_transition is not None:
             self._on_transition(transition)
+
+    def policy_changed(self, policy: CompiledPolicy) -> None:
+        """Clip fallen-back slices to the new policy's ladders (a ladder may have shrunk)."""
+        changed = False
+        for entry in self._slices.values():
+            found = _rule_and_ladder(policy, entry.rule, entry.model)
+            if found is None or entry.state == ON_START:
+                continue
+            rule, ladder = found
+            below = len(ladder.pools) - 1 - ladder.index(rule.rule.start)
+            clipped = reset_on_reload(entry.state, below)
+            if clipped != entry.state:
+                entry.restart(clipped)
+                changed = True
+        if changed:
+            self._publish()
 
     def alarm(self, key: str, reason: str, numbers: dict[str, float], now: float) -> None:
         """An outside signal that speculation is wrong for a slice (the shadow canary): fall

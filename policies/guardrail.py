@@ -2,6 +2,7 @@
 
     on rung r --(judged below the bar, with min_samples)--> fallen back to r+1
     fallen back --(cooldown_s passed)--> probing rung r (probe_fraction of the slice, or mirrors)
+    fallen back or probing on r+1 --(r+1 judged below the bar too)--> fallen back to r+2
     probing --(judged above the recovery bar)--> on rung r  (or fallen back, if r is still
                                                             below the rule's start rung)
     probing --(judged not above it)--> fallen back again (and probes again after cooldown)
@@ -54,13 +55,6 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True)
-class Rung:
-    """The rung being judged: its k, or None for a standard pool."""
-
-    k: int | None
-
-
-@dataclass(frozen=True, slots=True)
 class Transition:
     """One guardrail event, kept in the admin log and counted in metrics."""
 
@@ -72,38 +66,48 @@ class Transition:
     numbers: dict[str, float] = field(default_factory=dict)
 
 
-def judged_rung(state: SliceState) -> int:
-    """The offset whose evidence matters: the rung served when on, the one above otherwise."""
-    return state.offset if state.phase is Phase.ON else state.offset - 1
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """Evidence about one rung, and that rung's k (None for a standard pool)."""
+
+    evidence: Evidence
+    k: int | None
+
+
+NOTHING = Judged(Evidence(), None)
 
 
 def step(
     slice_key: str,
     state: SliceState,
-    evidence: Evidence,
-    rung: Rung,
+    serving: Judged,
+    above: Judged,
     rungs_below: int,
     config: Guardrail,
     now: float,
 ) -> tuple[SliceState, Transition | None]:
-    """Advance one slice given the evidence for ``judged_rung(state)``.
+    """Advance one slice.
 
-    ``rung`` describes the judged rung; ``rungs_below`` is how many rungs lie below the one
-    the slice is served on (0 when it is on the standard pool).
+    ``serving`` is the evidence for the rung the slice is served on, judged in every phase
+    (a slice fallen back to a speculative rung falls further if that rung fails too);
+    ``above`` is the evidence for the rung above it, judged while probing. ``rungs_below``
+    is how many rungs lie below the serving one (0 on the standard pool).
     """
+    scored = _scored(serving, config)
+    if scored is not None:
+        fell = _maybe_fall(slice_key, state, *scored, rungs_below, config, now)
+        if fell[1] is not None:
+            return fell
     if state.phase is Phase.FALLEN_BACK:
         if now - state.since >= config.cooldown_s:
             after = SliceState(state.offset, Phase.PROBING, now, state.version + 1)
             return after, Transition(slice_key, now, state, after, "cooldown over: probing")
         return state, None
-    if rung.k is None or evidence.samples < config.min_samples:
-        return state, None
-    score, numbers = _score(evidence, rung.k, config)
-    if score is None:
-        return state, None
-    if state.phase is Phase.ON:
-        return _maybe_fall(slice_key, state, score, numbers, rungs_below, config, now)
-    return _probe_result(slice_key, state, score, numbers, config, now)
+    if state.phase is Phase.PROBING:
+        scored = _scored(above, config)
+        if scored is not None:
+            return _probe_result(slice_key, state, *scored, config, now)
+    return state, None
 
 
 def _maybe_fall(
@@ -143,6 +147,13 @@ def _probe_result(
     return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
+def _scored(judged: Judged, config: Guardrail) -> tuple[float, dict[str, float]] | None:
+    if judged.k is None or judged.evidence.samples < config.min_samples:
+        return None
+    score, numbers = _score(judged.evidence, judged.k, config)
+    return None if score is None else (score, numbers)
+
+
 def _what(config: Guardrail) -> str:
     return "speed-up" if config.mode is GuardrailMode.SPEEDUP else "acceptance"
 
@@ -165,7 +176,8 @@ def _score(evidence: Evidence, k: int, config: Guardrail) -> tuple[float | None,
 
 
 def reset_on_reload(state: SliceState, ladder_rungs_below_start: int) -> SliceState:
-    """Clip a state to a (possibly shorter) ladder after a policy reload."""
+    """Clip a state to a (possibly shorter) ladder after a policy reload: a slice that sits
+    on the last rung stays there, and starts a new epoch."""
     if state.offset <= ladder_rungs_below_start:
         return state
-    return replace(state, offset=ladder_rungs_below_start)
+    return replace(state, offset=ladder_rungs_below_start, version=state.version + 1)

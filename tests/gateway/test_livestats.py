@@ -156,3 +156,28 @@ def test_acceptance_comes_with_a_confidence_margin():
     # per-request rates 0.8 / 0.9 (sd ~0.051 over 20): 1.96 * sd / sqrt(20) ~ 0.023
     assert window["acceptance"] == pytest.approx(0.85)
     assert window["acceptance_margin95"] == pytest.approx(0.0225, abs=0.0005)
+
+
+def test_a_reload_that_shortens_the_ladder_clips_fallen_back_slices():
+    three = load_policy(
+        """
+version: 1
+pools:
+  k7: {kind: speculative, model: m, num_speculative_tokens: 7, endpoints: ["http://a"]}
+  k3: {kind: speculative, model: m, num_speculative_tokens: 3, endpoints: ["http://b"]}
+  standard: {kind: standard, model: m, endpoints: ["http://c"]}
+ladder: [k7, k3, standard]
+guardrail: {min_acceptance: 0.5, recover_above: 0.6, min_samples: 1, cooldown_s: 10}
+rules: [{name: default, start: k7}]
+"""
+    )
+    current = [three]
+    stats = LiveStats(lambda: current[0])
+    for pool, k, epoch in (("k7", 7, 0), ("k3", 3, 1)):
+        labels = Labels("m", "default", KEY, pool, k, epoch=epoch)
+        bad = Outcome(labels, Status.OK, 0, 1, 0.1, 0.1, 1, 9, 9, Signal.PER_REQUEST, 10, 1)
+        stats.record(bad, 1.0)
+    assert stats.guards[KEY].offset == 2
+    current[0] = POLICY  # [spec, standard]: one rung below the start
+    stats.policy_changed(POLICY)
+    assert stats.guards[KEY].offset == 1 and stats.guards[KEY].version == 3

@@ -6,12 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.guardrail import (
+    NOTHING,
     ON_START,
     Evidence,
+    Judged,
     Phase,
-    Rung,
     SliceState,
-    judged_rung,
     step,
 )
 from policies.model import Guardrail, GuardrailMode
@@ -20,12 +20,22 @@ CONFIG = Guardrail(min_acceptance=0.5, recover_above=0.6, min_samples=10, cooldo
 LADDER_K = (7, 3, None)  # spec-k7, spec-k3, standard
 
 
-def advance(state: SliceState, evidence: Evidence, now: float, config: Guardrail = CONFIG):
-    judged = judged_rung(state)
+def advance(
+    state: SliceState,
+    evidence: Evidence,
+    now: float,
+    config: Guardrail = CONFIG,
+    serving_evidence: Evidence | None = None,
+):
+    """``evidence`` is about the rung being tested: the one served, or the one above it
+    while probing (then ``serving_evidence`` is about the one served)."""
     serving = state.offset
-    return step(
-        "s", state, evidence, Rung(LADDER_K[judged]), len(LADDER_K) - 1 - serving, config, now
-    )
+    if state.phase is Phase.PROBING:
+        above = Judged(evidence, LADDER_K[serving - 1])
+        here = Judged(serving_evidence or Evidence(), LADDER_K[serving])
+    else:
+        above, here = NOTHING, Judged(evidence, LADDER_K[serving])
+    return step("s", state, here, above, len(LADDER_K) - 1 - serving, config, now)
 
 
 def test_falls_back_only_with_enough_samples():
@@ -51,6 +61,15 @@ def test_recovering_to_a_middle_rung_keeps_probing_upward():
     probing = SliceState(2, Phase.PROBING, 0.0, 4)
     state, _ = advance(probing, Evidence(10, 0.7), 5.0)
     assert state == SliceState(1, Phase.FALLEN_BACK, 5.0, 5)
+
+
+def test_a_slice_fallen_back_to_a_speculative_rung_falls_further_when_it_fails_too():
+    on_k3 = SliceState(1, Phase.FALLEN_BACK, 0.0, 1)
+    state, event = advance(on_k3, Evidence(10, 0.2), 1.0)  # before any cooldown
+    assert state == SliceState(2, Phase.FALLEN_BACK, 1.0, 2) and event is not None
+    probing_k7 = SliceState(1, Phase.PROBING, 0.0, 2)
+    state, _ = advance(probing_k7, Evidence(3, 0.9), 2.0, serving_evidence=Evidence(10, 0.1))
+    assert state.offset == 2
 
 
 def test_standard_rung_is_never_judged_and_bottom_never_falls():
@@ -83,7 +102,7 @@ modes = st.sampled_from([GuardrailMode.THRESHOLD, GuardrailMode.SPEEDUP])
 
 @settings(max_examples=300)
 @given(
-    st.lists(st.tuples(st.floats(min_value=0, max_value=20), evidence), max_size=60),
+    st.lists(st.tuples(st.floats(min_value=0, max_value=20), evidence, evidence), max_size=60),
     modes,
     st.floats(min_value=0, max_value=60),
 )
@@ -91,10 +110,10 @@ def test_never_leaves_the_ladder_and_never_flaps_faster_than_the_cooldown(steps,
     config = CONFIG.model_copy(update={"mode": mode, "cooldown_s": cooldown})
     state, now = ON_START, 0.0
     last_fall = None
-    for gap, seen in steps:
+    for gap, seen, serving in steps:
         now += gap
         before = state
-        state, event = advance(state, seen, now, config)
+        state, event = advance(state, seen, now, config, serving_evidence=serving)
         assert 0 <= state.offset <= len(LADDER_K) - 1
         if event is None:
             assert state == before
