@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from backends.errors import BackendError, UpstreamRejected
-from backends.pool import Opened
+from backends.pool import Completed, Opened
 from gateway import schema
 from gateway.acceptance import Fold, Labels, Status
 from gateway.classify import classify
@@ -27,6 +28,7 @@ from policies.decide import decide
 from policies.decision import Decision
 from policies.features import Features
 
+T = TypeVar("T", Opened, Completed)
 _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
 _SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -77,7 +79,8 @@ async def complete(
 
 async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
     """Steps 5-8 through an upstream stream: relayed as it comes, or assembled."""
-    opened = await _open(services, ask)  # 5 forward
+    streamed = ask.payload | {"stream": True, "stream_options": {"include_usage": True}}
+    opened = await _forward(services, ask, services.pools.open, streamed, _SSE)  # 5 forward
     if isinstance(opened, Response):
         return opened
     headers = _decision_headers(services, ask, opened.spec.name)
@@ -104,20 +107,13 @@ async def _streamed(services: Services, request: Request, ask: Ask) -> Response 
 async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
     passes through untouched; its usage and vLLM metrics are the measurement."""
-    body = orjson.dumps(ask.payload)
-    forward = {"content-type": JSON, "accept": JSON, "x-request-id": ask.request_id}
-    async with cancelled_on_disconnect(request.receive) as disconnect:
-        with services.telemetry.tracer.start_as_current_span("forward"):
-            try:
-                done = await services.pools.complete(ask.decision.rungs, ask.path, body, forward)
-            except UpstreamRejected as exc:
-                return rejected(exc)
-            except BackendError as exc:
-                services.telemetry.failover(ask.decision.pool, "exhausted")
-                raise from_backend(exc) from None
-    if disconnect.gone:
+    done: Completed | Response | None = None
+    async with cancelled_on_disconnect(request.receive):
+        done = await _forward(services, ask, services.pools.complete, ask.payload, JSON)
+    if done is None:
         raise _client_closed()
-    services.telemetry.opened(done.spec.name, shadow=False)
+    if isinstance(done, Response):
+        return done
     labels = _labels(ask, done.spec.name, done.spec.k, done.endpoint.url, chunks=False)
     capture = _mirror(services, ask, labels)
     fold = Fold(labels, ask.started)
@@ -175,23 +171,28 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
 
 
-async def _open(services: Services, ask: Ask) -> Opened | Response:
-    decision = ask.decision
-    upstream_payload = ask.payload | {"stream": True, "stream_options": {"include_usage": True}}
-    body = orjson.dumps(upstream_payload)
-    forward = {"content-type": JSON, "accept": _SSE, "x-request-id": ask.request_id}
+Send = Callable[[Sequence[str], str, bytes, Mapping[str, str]], Awaitable[T]]
+
+
+async def _forward(
+    services: Services, ask: Ask, send: Send[T], payload: dict[str, Any], accept: str
+) -> T | Response:
+    """Step 5 through ``Pools.open`` or ``Pools.complete``: failover happens inside; a 4xx
+    comes back as the client's answer, exhausted rungs as a 503 or 504."""
+    body = orjson.dumps(payload)
+    forward = {"content-type": JSON, "accept": accept, "x-request-id": ask.request_id}
     with services.telemetry.tracer.start_as_current_span("forward"):
         try:
-            opened = await services.pools.open(decision.rungs, ask.path, body, forward)
+            result = await send(ask.decision.rungs, ask.path, body, forward)
         except UpstreamRejected as exc:
             return rejected(exc)
         except BackendError as exc:
-            services.telemetry.failover(decision.pool, "exhausted")
+            services.telemetry.failover(ask.decision.pool, "exhausted")
             raise from_backend(exc) from None
-    services.telemetry.opened(opened.spec.name, shadow=False)
-    if opened.attempts:
-        services.telemetry.failover(decision.pool, "served", len(opened.attempts))
-    return opened
+    services.telemetry.opened(result.spec.name, shadow=False)
+    if result.attempts:
+        services.telemetry.failover(ask.decision.pool, "served", len(result.attempts))
+    return result
 
 
 def _decision_headers(services: Services, ask: Ask, pool: str) -> dict[str, str]:
