@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from backends.sim.config import Mode, SimConfig
+from backends.sim.server import create_app as sim_app
 from gateway.app import build_services, create_app
 from gateway.services import Services
 from gateway.settings import Settings
@@ -72,3 +74,24 @@ async def fake_stack(
         body = policy or policy_yaml([spec_url], [std_url])
         async with gateway(settings(tmp, body, **overrides)) as running:
             yield running
+
+
+class Stack(NamedTuple):
+    url: str
+    services: Services
+    spec: str  # the speculative simulator, for /sim/control
+
+
+@asynccontextmanager
+async def sim_stack(
+    tmp: Path, policy: str, spec: SimConfig, **overrides: Any
+) -> AsyncIterator[Stack]:
+    """Gateway in front of a speculative simulator (``spec``) and a standard one at the same
+    time scale; ``policy`` names them ``{spec}`` and ``{std}``."""
+    standard = SimConfig(
+        mode=Mode.STANDARD, time_scale=spec.time_scale, served_model_names=spec.served_model_names
+    )
+    async with serving(sim_app(spec)) as spec_url, serving(sim_app(standard)) as std_url:
+        text = policy.format(spec=spec_url, std=std_url)
+        async with gateway(settings(tmp, text, **overrides)) as (url, services):
+            yield Stack(url, services, spec_url)

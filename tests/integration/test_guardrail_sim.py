@@ -10,9 +10,7 @@ import httpx
 import pytest
 
 from backends.sim.config import Mode, SimConfig
-from backends.sim.server import create_app as sim_app
-from tests.gateways import gateway, settings
-from tests.servers import serving
+from tests.gateways import sim_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -50,8 +48,7 @@ CHAT = {
 }
 
 
-def sim(mode: Mode) -> SimConfig:
-    return SimConfig(mode=mode, k=4, served_model_names=("qwen3-32b",), time_scale=0.01)
+SIM = SimConfig(mode=Mode.SPECULATIVE, k=4, served_model_names=("qwen3-32b",), time_scale=0.01)
 
 
 async def send(c: httpx.AsyncClient, url: str, body: dict, **headers: str) -> str:
@@ -65,42 +62,38 @@ async def code(c: httpx.AsyncClient, url: str) -> str:
 
 
 async def test_collapse_falls_back_within_min_samples_and_probing_recovers(tmp_path):
+    policy = POLICY.replace("{min_samples}", str(MIN_SAMPLES))
     async with (
-        serving(sim_app(sim(Mode.SPECULATIVE))) as spec,
-        serving(sim_app(sim(Mode.STANDARD))) as std,
+        sim_stack(tmp_path, policy, SIM, admin_token="t") as (url, services, spec),
+        httpx.AsyncClient(timeout=10) as c,
     ):
-        text = POLICY.format(spec=spec, std=std, min_samples=MIN_SAMPLES)
-        async with (
-            gateway(settings(tmp_path, text, admin_token="t")) as (url, services),
-            httpx.AsyncClient(timeout=10) as c,
-        ):
-            healthy = [await code(c, url) for _ in range(MIN_SAMPLES + 4)]
-            assert set(healthy) == {"spec"}
-            assert not services.stats.guards
+        healthy = [await code(c, url) for _ in range(MIN_SAMPLES + 4)]
+        assert set(healthy) == {"spec"}
+        assert not services.stats.guards
 
-            await c.post(spec + "/sim/control", json={"acceptance": {"code": 0.05}})
-            served = []
-            while len(served) < 4 * MIN_SAMPLES and (not served or served[-1] == "spec"):
-                served.append(await code(c, url))
-            slow = served.index("standard") if "standard" in served else len(served)
-            assert slow <= MIN_SAMPLES + 1, served
-            assert [await send(c, url, CHAT) for _ in range(5)] == ["spec"] * 5
+        await c.post(spec + "/sim/control", json={"acceptance": {"code": 0.05}})
+        served = []
+        while len(served) < 4 * MIN_SAMPLES and (not served or served[-1] == "spec"):
+            served.append(await code(c, url))
+        slow = served.index("standard") if "standard" in served else len(served)
+        assert slow <= MIN_SAMPLES + 1, served
+        assert [await send(c, url, CHAT) for _ in range(5)] == ["spec"] * 5
 
-            auth = {"authorization": "Bearer t"}
-            events = (await c.get(url + "/admin/guardrail", headers=auth)).json()
-            fall = events["events"][-1]
-            assert fall["slice"].startswith("code / ") and fall["to"]["offset"] == 1
-            assert fall["numbers"]["acceptance"] < 0.4
+        auth = {"authorization": "Bearer t"}
+        events = (await c.get(url + "/admin/guardrail", headers=auth)).json()
+        fall = events["events"][-1]
+        assert fall["slice"].startswith("code / ") and fall["to"]["offset"] == 1
+        assert fall["numbers"]["acceptance"] < 0.4
 
-            await c.post(spec + "/sim/control", json={"acceptance": {"code": None}})
-            deadline = time.monotonic() + 20
-            recovered = False
-            key = fall["slice"]
-            while time.monotonic() < deadline and not recovered:
-                await code(c, url)
-                state = services.stats.guards[key]
-                recovered = state.offset == 0 and state.phase == "on"
-            assert recovered
-            assert [await code(c, url) for _ in range(3)] == ["spec"] * 3
-            phases = [(e.before.phase, e.after.phase) for e in services.stats.events]
+        await c.post(spec + "/sim/control", json={"acceptance": {"code": None}})
+        deadline = time.monotonic() + 20
+        recovered = False
+        key = fall["slice"]
+        while time.monotonic() < deadline and not recovered:
+            await code(c, url)
+            state = services.stats.guards[key]
+            recovered = state.offset == 0 and state.phase == "on"
+        assert recovered
+        assert [await code(c, url) for _ in range(3)] == ["spec"] * 3
+        phases = [(e.before.phase, e.after.phase) for e in services.stats.events]
     assert phases == [("on", "fallen_back"), ("fallen_back", "probing"), ("probing", "on")]

@@ -9,9 +9,7 @@ import httpx
 import pytest
 
 from backends.sim.config import Faults, Mode, SimConfig
-from backends.sim.server import create_app as sim_app
-from tests.gateways import gateway, settings
-from tests.servers import serving
+from tests.gateways import sim_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -37,20 +35,16 @@ BODY = {
 }
 
 
-def sims(errors: float = 0.0):
-    spec = SimConfig(mode=Mode.SPECULATIVE, time_scale=0.01, faults=Faults(error_rate=errors))
-    return serving(sim_app(spec)), serving(sim_app(SimConfig(mode=Mode.STANDARD, time_scale=0.01)))
+def spec(errors: float = 0.0) -> SimConfig:
+    return SimConfig(mode=Mode.SPECULATIVE, time_scale=0.01, faults=Faults(error_rate=errors))
 
 
 async def test_non_streaming_answers_pass_through_and_are_measured(tmp_path):
-    spec_server, std_server = sims()
-    async with spec_server as spec, std_server as std:
-        text = POLICY.format(spec=spec, std=std)
-        async with gateway(settings(tmp_path, text)) as (url, services), httpx.AsyncClient() as c:
-            whole = await c.post(url + "/v1/chat/completions", json=BODY)
-            streamed = await c.post(url + "/v1/chat/completions", json={**BODY, "stream": True})
-            summary = services.stats.summary(time.time())
-            metrics = (await c.get(url + "/metrics")).text
+    async with sim_stack(tmp_path, POLICY, spec()) as (url, services, _), httpx.AsyncClient() as c:
+        whole = await c.post(url + "/v1/chat/completions", json=BODY)
+        streamed = await c.post(url + "/v1/chat/completions", json={**BODY, "stream": True})
+        summary = services.stats.summary(time.time())
+        metrics = (await c.get(url + "/metrics")).text
     assert whole.status_code == 200 and whole.headers["x-speclane-pool"] == "spec"
     answer = whole.json()
     assert answer["object"] == "chat.completion"
@@ -63,10 +57,7 @@ async def test_non_streaming_answers_pass_through_and_are_measured(tmp_path):
 
 
 async def test_passthrough_fails_over_before_the_answer(tmp_path):
-    spec_server, std_server = sims(errors=1.0)
-    async with spec_server as spec, std_server as std:
-        text = POLICY.format(spec=spec, std=std)
-        async with gateway(settings(tmp_path, text)) as (url, _), httpx.AsyncClient() as c:
-            r = await c.post(url + "/v1/chat/completions", json=BODY)
+    async with sim_stack(tmp_path, POLICY, spec(errors=1.0)) as stack, httpx.AsyncClient() as c:
+        r = await c.post(stack.url + "/v1/chat/completions", json=BODY)
     assert r.status_code == 200 and r.headers["x-speclane-pool"] == "standard"
     assert r.json()["choices"][0]["message"]["content"]

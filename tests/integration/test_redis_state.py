@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.acceptance import Labels, Outcome, Signal, Status
+from gateway.services import Services
 from tests.fakes import FakeUpstream
 from tests.gateways import gateway, policy_yaml, settings
 from tests.redis_server import namespace, private_redis, require_shared_redis
@@ -22,6 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 TOKEN = "t0ken"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
+Running = tuple[str, Services]
 RULES = """
 guardrail: {min_acceptance: 0.5, recover_above: 0.6, min_samples: 10, cooldown_s: 30}
 rules:
@@ -66,36 +72,43 @@ def outcome(acceptance: float, epoch: int = 0) -> Outcome:
     )
 
 
+@asynccontextmanager
+async def replicas(tmp_path: Path, **common: Any) -> AsyncIterator[tuple[Running, Running]]:
+    """Two gateways on one policy and one store, in front of the same fake upstreams."""
+    fake = FakeUpstream()
+    async with serving(fake.app()) as spec, serving(fake.app()) as std:
+        text = policy_yaml([spec], [std], rules=RULES)
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        async with (
+            gateway(settings(tmp_path / "a", text, **common)) as a,
+            gateway(settings(tmp_path / "b", text, **common)) as b,
+        ):
+            yield a, b
+
+
 async def test_two_replicas_share_flags_within_a_second(tmp_path):
     url = require_shared_redis()
     ns = namespace()
-    fake = FakeUpstream()
     try:
-        async with serving(fake.app()) as spec, serving(fake.app()) as std:
-            text = policy_yaml([spec], [std], rules=RULES)
-            common = {"redis_url": url, "namespace": ns, "admin_token": TOKEN}
-            a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-            a_dir.mkdir()
-            b_dir.mkdir()
-            async with (
-                gateway(settings(a_dir, text, **common)) as (a, _),
-                gateway(settings(b_dir, text, **common)) as (b, _),
-                httpx.AsyncClient() as c,
-            ):
+        async with (
+            replicas(tmp_path, redis_url=url, namespace=ns, admin_token=TOKEN) as ((a, _), (b, _)),
+            httpx.AsyncClient() as c,
+        ):
 
-                async def b_pool() -> str:
-                    r = await c.post(b + "/v1/chat/completions", json=CHAT)
-                    return r.headers["x-speclane-pool"]
+            async def b_pool() -> str:
+                r = await c.post(b + "/v1/chat/completions", json=CHAT)
+                return r.headers["x-speclane-pool"]
 
-                assert await b_pool() == "spec"
-                await c.put(a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH)
+            assert await b_pool() == "spec"
+            await c.put(a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH)
 
-                async def b_is_standard() -> bool:
-                    return await b_pool() == "standard"
+            async def b_is_standard() -> bool:
+                return await b_pool() == "standard"
 
-                took = await wait_for(b_is_standard, timeout=2.0)
-                flags_b = (await c.get(b + "/admin/flags/speculation", headers=AUTH)).json()
-                audit_b = (await c.get(b + "/admin/audit", headers=AUTH)).json()["audit"]
+            took = await wait_for(b_is_standard, timeout=2.0)
+            flags_b = (await c.get(b + "/admin/flags/speculation", headers=AUTH)).json()
+            audit_b = (await c.get(b + "/admin/audit", headers=AUTH)).json()["audit"]
     finally:
         await drop(url, ns)
     assert took < 1.0
@@ -106,39 +119,32 @@ async def test_two_replicas_share_flags_within_a_second(tmp_path):
 async def test_windows_add_up_and_a_transition_happens_once(tmp_path):
     url = require_shared_redis()
     ns = namespace()
-    fake = FakeUpstream()
     try:
-        async with serving(fake.app()) as spec, serving(fake.app()) as std:
-            text = policy_yaml([spec], [std], rules=RULES)
-            common = {"redis_url": url, "namespace": ns, "sync_interval_s": 30}
-            a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-            a_dir.mkdir()
-            b_dir.mkdir()
-            async with (
-                gateway(settings(a_dir, text, **common)) as (_, a),
-                gateway(settings(b_dir, text, **common)) as (_, b),
-            ):
-                now = time.time()
-                for _ in range(6):  # 6 + 6 >= min_samples only when added up
-                    a.stats.record(outcome(0.2), now)
-                    b.stats.record(outcome(0.2), now)
-                assert not a.stats.guards and not b.stats.guards
-                await a.state.sync()
-                await b.state.sync()
-                await a.state.sync()
-                key = "default / t>0.9 / ctx<4k"
-                merged = a.stats.summary(now)[key]["pools"]["spec"]
-                assert merged["measured"] == 12
-                # one more sample on each makes both propose the same fall-back
+        async with replicas(tmp_path, redis_url=url, namespace=ns, sync_interval_s=30) as (
+            (_, a),
+            (_, b),
+        ):
+            now = time.time()
+            for _ in range(6):  # 6 + 6 >= min_samples only when added up
                 a.stats.record(outcome(0.2), now)
                 b.stats.record(outcome(0.2), now)
-                assert a.stats.proposals and b.stats.proposals
-                await a.state.sync()
-                await b.state.sync()
-                await a.state.sync()
-                events = await a.state.events(10)
-                assert a.stats.guards[key] == b.stats.guards[key]
-                assert a.stats.guards[key].offset == 1
+            assert not a.stats.guards and not b.stats.guards
+            await a.state.sync()
+            await b.state.sync()
+            await a.state.sync()
+            key = "default / t>0.9 / ctx<4k"
+            merged = a.stats.summary(now)[key]["pools"]["spec"]
+            assert merged["measured"] == 12
+            # one more sample on each makes both propose the same fall-back
+            a.stats.record(outcome(0.2), now)
+            b.stats.record(outcome(0.2), now)
+            assert a.stats.proposals and b.stats.proposals
+            await a.state.sync()
+            await b.state.sync()
+            await a.state.sync()
+            events = await a.state.events(10)
+            assert a.stats.guards[key] == b.stats.guards[key]
+            assert a.stats.guards[key].offset == 1
     finally:
         await drop(url, ns)
     assert len(events) == 1

@@ -12,9 +12,7 @@ import httpx
 import pytest
 
 from backends.sim.config import Faults, Mode, SimConfig
-from backends.sim.server import create_app as sim_app
-from tests.gateways import gateway, settings
-from tests.servers import serving
+from tests.gateways import sim_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -46,11 +44,10 @@ def body(i: int) -> dict:
     }
 
 
-def sims(mismatch: float = 0.0):
-    spec = SimConfig(
+def spec(mismatch: float = 0.0) -> SimConfig:
+    return SimConfig(
         mode=Mode.SPECULATIVE, time_scale=0.05, faults=Faults(greedy_mismatch=mismatch)
     )
-    return serving(sim_app(spec)), serving(sim_app(SimConfig(mode=Mode.STANDARD, time_scale=0.05)))
 
 
 async def timed(c: httpx.AsyncClient, url: str, i: int, endpoint: str) -> tuple[float, str, str]:
@@ -64,23 +61,20 @@ async def timed(c: httpx.AsyncClient, url: str, i: int, endpoint: str) -> tuple[
 
 
 async def test_mirrors_change_neither_answers_nor_latency(tmp_path):
-    spec_server, std_server = sims()
-    async with spec_server as spec, std_server as std:
-        text = POLICY.format(spec=spec, std=std)
-        async with (
-            gateway(settings(tmp_path, text, admin_token="t")) as (url, services),
-            httpx.AsyncClient() as c,
-        ):
-            mirrored, plain = [], []
-            for i in range(30):  # interleaved, so drift on the machine hits both alike
-                mirrored.append(await timed(c, url, i, "mirrored"))
-                plain.append(await timed(c, url, i, "plain"))
-            for _ in range(100):
-                if not services.shadow.in_flight:
-                    break
-                await asyncio.sleep(0.02)
-            stats = (await c.get(url + "/admin/stats", headers=AUTH)).json()["slices"]
-            metrics = (await c.get(url + "/metrics")).text
+    async with (
+        sim_stack(tmp_path, POLICY, spec(), admin_token="t") as (url, services, _),
+        httpx.AsyncClient() as c,
+    ):
+        mirrored, plain = [], []
+        for i in range(30):  # interleaved, so drift on the machine hits both alike
+            mirrored.append(await timed(c, url, i, "mirrored"))
+            plain.append(await timed(c, url, i, "plain"))
+        for _ in range(100):
+            if not services.shadow.in_flight:
+                break
+            await asyncio.sleep(0.02)
+        stats = (await c.get(url + "/admin/stats", headers=AUTH)).json()["slices"]
+        metrics = (await c.get(url + "/metrics")).text
     assert [t for _, t, _ in mirrored] == [t for _, t, _ in plain]
     assert {p for _, _, p in mirrored} == {p for _, _, p in plain} == {"standard"}
     ratio = statistics.median(d for d, _, _ in mirrored) / statistics.median(d for d, _, _ in plain)
@@ -95,32 +89,26 @@ async def test_mirrors_change_neither_answers_nor_latency(tmp_path):
 
 
 async def test_canary_raises_a_guardrail_event_when_greedy_output_differs(tmp_path):
-    spec_server, std_server = sims(mismatch=1.0)
-    async with spec_server as spec, std_server as std:
-        text = POLICY.format(spec=spec, std=std)
-        cfg = settings(tmp_path, text, admin_token="t", canary_min_samples=5)
-        async with gateway(cfg) as (url, services), httpx.AsyncClient() as c:
-            for i in range(8):
-                await timed(c, url, i, "mirrored")
-            for _ in range(100):
-                events = (await c.get(url + "/admin/guardrail", headers=AUTH)).json()["events"]
-                if events:
-                    break
-                await asyncio.sleep(0.02)
+    stack = sim_stack(tmp_path, POLICY, spec(mismatch=1.0), admin_token="t", canary_min_samples=5)
+    async with stack as (url, _, _), httpx.AsyncClient() as c:
+        for i in range(8):
+            await timed(c, url, i, "mirrored")
+        for _ in range(100):
+            events = (await c.get(url + "/admin/guardrail", headers=AUTH)).json()["events"]
+            if events:
+                break
+            await asyncio.sleep(0.02)
     assert len(events) == 1
     assert events[0]["reason"].startswith("canary: greedy output differs")
     assert events[0]["numbers"]["exact_match_rate"] == 0.0
 
 
 async def test_budget_and_concurrency_bounds_drop_mirrors(tmp_path):
-    spec_server, std_server = sims()
-    async with spec_server as spec, std_server as std:
-        text = POLICY.format(spec=spec, std=std)
-        cfg = settings(tmp_path, text, shadow_tokens_per_minute=60)
-        async with gateway(cfg) as (url, services), httpx.AsyncClient() as c:
-            for i in range(5):
-                await timed(c, url, i, "mirrored")
-            metrics = (await c.get(url + "/metrics")).text
+    stack = sim_stack(tmp_path, POLICY, spec(), shadow_tokens_per_minute=60)
+    async with stack as (url, _, _), httpx.AsyncClient() as c:
+        for i in range(5):
+            await timed(c, url, i, "mirrored")
+        metrics = (await c.get(url + "/metrics")).text
     started = [line for line in metrics.splitlines() if 'result="started"' in line]
     dropped = [line for line in metrics.splitlines() if 'result="dropped_budget"' in line]
     assert started and started[0].endswith(" 1.0")  # ~12 prompt + 24 output tokens fit once

@@ -9,9 +9,7 @@ import httpx
 import pytest
 
 from backends.sim.config import Mode, SimConfig
-from backends.sim.server import create_app as sim_app
-from tests.gateways import gateway, settings
-from tests.servers import serving
+from tests.gateways import sim_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -41,24 +39,19 @@ def spec_sim(**kw) -> SimConfig:
     return SimConfig(mode=Mode.SPECULATIVE, k=4, time_scale=0.01, **kw)
 
 
-def standard_sim() -> SimConfig:
-    return SimConfig(mode=Mode.STANDARD, time_scale=0.01)
-
-
 async def run(tmp_path, sim: SimConfig, chunks: bool, n: int = 6):
-    async with serving(sim_app(sim)) as spec, serving(sim_app(standard_sim())) as std:
-        text = POLICY.format(spec=spec, std=std, chunks=str(chunks).lower())
-        async with (
-            gateway(settings(tmp_path, text, scrape_interval_s=3600)) as (url, services),
-            httpx.AsyncClient() as c,
-        ):
-            await services.scraper.scrape()  # a first reading to difference against
-            for _ in range(n):
-                r = await c.post(url + "/v1/chat/completions", json=JSON)
-                assert r.status_code == 200
-            await services.scraper.scrape()
-            summary = services.stats.summary(time.time())
-            metrics = (await c.get(url + "/metrics")).text
+    policy = POLICY.replace("{chunks}", str(chunks).lower())
+    async with (
+        sim_stack(tmp_path, policy, sim, scrape_interval_s=3600) as (url, services, _),
+        httpx.AsyncClient() as c,
+    ):
+        await services.scraper.scrape()  # a first reading to difference against
+        for _ in range(n):
+            r = await c.post(url + "/v1/chat/completions", json=JSON)
+            assert r.status_code == 200
+        await services.scraper.scrape()
+        summary = services.stats.summary(time.time())
+        metrics = (await c.get(url + "/metrics")).text
     (slice_stats,) = summary.values()
     return slice_stats["pools"]["spec"], services.scraper.latest.get("spec"), metrics
 
