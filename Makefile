@@ -1,10 +1,13 @@
-# Two entry points: `make demo` runs the demo, `make check` runs every check CI runs.
+# Entry points: `make demo` runs the demo, `make check` the fast checks; CI runs those,
+# `make browser` (the console in headless Chromium) and `make test-vllm` (the gateway
+# against real vLLM servers, which it installs and starts).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BROWSER_STAMP := $(VENV)/.browser-installed
 
-.PHONY: demo check test lint types
+.PHONY: demo check test test-vllm lint types tools browser screenshots
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,4 +28,27 @@ types: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-check: lint types test
+# promtool and a Prometheus server for the dashboard's queries (Debian's package, when missing)
+tools:
+	sh tests/deploy/promtool.sh
+
+# A session fixture runs `speclane local-vllm up` (tests/vllm/conftest.py gives the first test
+# the time a cold start needs). pytest's exit code 5 (nothing ran) fails the target.
+test-vllm: $(STAMP)
+	$(BIN)/python -m pytest -m vllm --timeout 300 tests/vllm
+
+check: lint types tools test
+
+$(BROWSER_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt --group browser
+	touch $(BROWSER_STAMP)
+
+# The ops console in Debian's headless Chromium (installed when missing), driven by Playwright.
+browser: $(BROWSER_STAMP)
+	sh tests/browser/chromium.sh
+	$(BIN)/python -m pytest tests/browser -m browser
+
+# The README's console screenshots, taken by the browser tests.
+screenshots: $(BROWSER_STAMP)
+	sh tests/browser/chromium.sh
+	SPECLANE_SCREENSHOTS=docs/console $(BIN)/python -m pytest tests/browser -m browser

@@ -1,5 +1,5 @@
 """Endpoint discovery by DNS: one URL naming a headless Service becomes one endpoint per
-address it resolves to, so breakers and least-outstanding choice act per server, not per
+address it resolves to, so outlier ejection and least-outstanding choice act per server, not per
 Service (behind a ClusterIP, kube-proxy picks the pod and keep-alive pins connections).
 """
 

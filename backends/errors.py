@@ -2,9 +2,10 @@
 of these in ``backends/upstream.py``, and nowhere else.
 
     BackendError
-     ├── Unavailable        no endpoint took the request: refused, reset, breaker open, 5xx
+     ├── Unavailable        no endpoint took the request: refused, reset, 5xx, nothing in service
      ├── UpstreamTimeout    no connection, or no first event, in time
-     ├── UpstreamRejected   the upstream answered 4xx: the request itself is wrong; no failover
+     ├── UpstreamRejected   the upstream answered 4xx (or opened its stream with a 4xx error
+     │                      event): the request itself is wrong; no failover
      └── StreamBroken       the stream failed after its first event: too late to fail over
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 
 class BackendError(Exception):
-    """Base of every error a backend raises."""
+    """Base of every error a backend raises. ``retry_after_s``, when set, is how long a
+    client should wait before trying again (every endpoint failed)."""
+
+    retry_after_s: float | None = None
 
 
 class Unavailable(BackendError):
@@ -28,12 +32,14 @@ class UpstreamTimeout(BackendError):
 
 
 class UpstreamRejected(BackendError):
-    """A 4xx answer: passed on to the client as it came, with its status and body."""
+    """A 4xx answer, or an error event that opened a stream with a 4xx code: passed on to the
+    client as it came, with its status and body. ``pool`` names the pool that answered."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, pool: str = "") -> None:
         super().__init__(f"upstream answered {status}")
         self.status = status
         self.body = body
+        self.pool = pool
 
 
 class StreamBroken(BackendError):

@@ -1,19 +1,22 @@
-"""Pools of endpoints: least-outstanding-requests choice, circuit breakers, and failover.
+"""Pools of endpoints: least-outstanding-requests choice, outlier ejection, and failover.
 
 ``Pools.open`` walks the rungs a decision gives (pool names, best first) and returns the
 first stream that produced an event. Before that first event any failure moves on: to the
-next endpoint of the pool, then to the next pool. A 4xx answer is the request's own fault
-and is raised at once. Knows nothing of policies or the gateway: pools are names here.
+next endpoint of the pool, then to the next pool, then to ejected endpoints as a last
+resort (``_plan``). A 4xx answer is the request's own fault and is raised at once. Every
+outcome feeds the endpoint's outlier record (``backends/outlier.py``): failures before the
+first event at once, a stream's when it is closed. Knows nothing of policies or the
+gateway: pools are names here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from backends.breaker import Breaker, BreakerState
 from backends.errors import BackendError, Unavailable, UpstreamRejected, UpstreamTimeout
+from backends.outlier import Detector, Health, HealthState, OutlierRules
 from backends.upstream import Timeouts, Upstream, UpstreamStream
 
 T = TypeVar("T")
@@ -29,6 +32,7 @@ class PoolSpec:
     k: int | None = None
     timeouts: Timeouts = Timeouts()
     discover: bool = False
+    engine: str = "vllm"
 
     @property
     def speculative(self) -> bool:
@@ -41,10 +45,9 @@ class Endpoint:
 
     url: str
     pool: str
-    breaker: Breaker = field(default_factory=Breaker)
+    health: Health = field(default_factory=Health)
     outstanding: int = 0
-    picked: int = 0
-    failures_total: int = 0
+    last_pick: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +81,16 @@ class Opened:
     _closed: bool = False
 
     def close(self, *, failed: bool = False) -> None:
+        """Release the stream; a failed one counts against its endpoint, a finished one for
+        it, one the client abandoned neither way."""
         if self._closed:
             return
         self._closed = True
         self.endpoint.outstanding -= 1
         if failed:
             self._pools.failed(self.endpoint)
+        elif self.stream.done:
+            self._pools.succeeded(self.endpoint)
         self.stream.close()
 
 
@@ -96,21 +103,22 @@ class Pools:
         upstream: Upstream,
         clock: Callable[[], float],
         *,
-        breaker_failures: int = 3,
-        breaker_reset_s: float = 5.0,
+        outlier: OutlierRules | None = None,
         tries_per_pool: int = 2,
     ) -> None:
         self._upstream = upstream
         self._clock = clock
-        self._breaker = (breaker_failures, breaker_reset_s)
+        self._detector = Detector(outlier or OutlierRules())
         self._tries_per_pool = tries_per_pool
+        self._next_sweep: dict[str, float] = {}
+        self._picks = 0
         self.specs: dict[str, PoolSpec] = {}
         self.endpoints: dict[str, list[Endpoint]] = {}
         self._resolved: dict[str, tuple[str, ...]] = {}
         self.update(specs)
 
     def update(self, specs: Iterable[PoolSpec]) -> None:
-        """Take a new set of pools; endpoints that stay keep their load and breaker."""
+        """Take a new set of pools; endpoints that stay keep their load and health."""
         self.specs = {s.name: s for s in specs}
         self._rebuild()
 
@@ -125,7 +133,7 @@ class Pools:
         known = {(e.pool, e.url): e for group in self.endpoints.values() for e in group}
         self.endpoints = {
             s.name: [
-                known.get((s.name, url.rstrip("/"))) or self._endpoint(url, s.name)
+                known.get((s.name, url.rstrip("/"))) or Endpoint(url.rstrip("/"), s.name)
                 for url in self._urls(s)
             ]
             for s in self.specs.values()
@@ -136,71 +144,141 @@ class Pools:
             return self._resolved[spec.name]
         return spec.endpoints
 
-    def _endpoint(self, url: str, pool: str) -> Endpoint:
-        failures, reset_s = self._breaker
-        return Endpoint(url.rstrip("/"), pool, Breaker(failures, reset_s))
+    # --- health ----------------------------------------------------------------------------
 
     def candidates(self, pool: str) -> list[Endpoint]:
-        """Endpoints whose breaker lets a request through, least outstanding first."""
+        """Endpoints in service, best first: least outstanding requests (a returning
+        endpoint's count weighs more while it ramps up), then least recently picked."""
         now = self._clock()
-        ready = [e for e in self.endpoints.get(pool, ()) if e.breaker.allows(now)]
-        return sorted(ready, key=lambda e: (e.outstanding, e.picked))
-
-    def failed(self, endpoint: Endpoint) -> None:
-        endpoint.failures_total += 1
-        endpoint.breaker.failure(self._clock())
-
-    def healthy(self, pool: str) -> bool:
-        now = self._clock()
-        return any(
-            e.breaker.state(now) is not BreakerState.OPEN for e in self.endpoints.get(pool, ())
+        self._sweep(pool, now)
+        slow_start_s = self._detector.rules.slow_start_s
+        serving = [e for e in self.endpoints.get(pool, ()) if not e.health.ejected(now)]
+        return sorted(
+            serving,
+            key=lambda e: ((e.outstanding + 1) / e.health.weight(now, slow_start_s), e.last_pick),
         )
 
+    def ejected(self, pool: str) -> list[Endpoint]:
+        """Endpoints out of service, the one due back soonest first."""
+        now = self._clock()
+        out = [e for e in self.endpoints.get(pool, ()) if e.health.ejected(now)]
+        return sorted(out, key=lambda e: e.health.ejected_until)
+
+    def healthy(self, pool: str) -> bool:
+        """The one view of a pool's health: some endpoint of it is in service."""
+        now = self._clock()
+        self._sweep(pool, now)
+        return any(not e.health.ejected(now) for e in self.endpoints.get(pool, ()))
+
+    def state(self, endpoint: Endpoint) -> HealthState:
+        return endpoint.health.state(self._clock(), self._detector.rules)
+
+    def failed(self, endpoint: Endpoint) -> None:
+        group = [e.health for e in self.endpoints.get(endpoint.pool, ())]
+        self._detector.failure(endpoint.health, group, self._clock())
+
+    def succeeded(self, endpoint: Endpoint) -> None:
+        self._detector.success(endpoint.health, self._clock())
+
+    def retry_after(self, rungs: Sequence[str]) -> float:
+        """Seconds a client should wait after every rung failed: until the first ejected
+        endpoint returns when all are ejected, else one; between 1 and 30."""
+        now = self._clock()
+        group = [e for name in rungs for e in self.endpoints.get(name, ())]
+        if not group or any(not e.health.ejected(now) for e in group):
+            return 1.0
+        return min(max(min(e.health.ejected_until for e in group) - now, 1.0), 30.0)
+
+    def _sweep(self, pool: str, now: float) -> None:
+        due = self._next_sweep.setdefault(pool, now + self._detector.rules.interval_s)
+        if now >= due:
+            self._next_sweep[pool] = now + self._detector.rules.interval_s
+            self._detector.sweep([e.health for e in self.endpoints.get(pool, ())], now)
+
+    # --- requests --------------------------------------------------------------------------
+
     async def open(
-        self, rungs: Sequence[str], path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        rungs: Sequence[str],
+        path: str,
+        body: bytes | Callable[[PoolSpec], bytes],
+        headers: Mapping[str, str],
+        avoid: Collection[str] = (),
     ) -> Opened:
-        """The first stream, down ``rungs``, that yields an event."""
+        """The first stream, down ``rungs``, that yields an event; ``body`` may depend on
+        the pool (an engine that needs a field the others refuse)."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
-            return await self._upstream.open(endpoint.url + path, body, headers, spec.timeouts)
+            sent = body(spec) if callable(body) else body
+            return await self._upstream.open(endpoint.url + path, sent, headers, spec.timeouts)
 
-        spec, endpoint, stream, attempts = await self._first(rungs, attempt)
+        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid)
         return Opened(spec, endpoint, stream, attempts, self)
 
     async def complete(
-        self, rungs: Sequence[str], path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        rungs: Sequence[str],
+        path: str,
+        body: bytes | Callable[[PoolSpec], bytes],
+        headers: Mapping[str, str],
+        avoid: Collection[str] = (),
     ) -> Completed:
         """The first whole non-streamed answer, down ``rungs``."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
-            url = endpoint.url + path
-            return await self._upstream.complete(url, body, headers, spec.timeouts)
+            sent = body(spec) if callable(body) else body
+            return await self._upstream.complete(endpoint.url + path, sent, headers, spec.timeouts)
 
-        spec, endpoint, answer, attempts = await self._first(rungs, attempt)
+        spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid)
         endpoint.outstanding -= 1
+        self.succeeded(endpoint)
         return Completed(spec, endpoint, answer, attempts)
 
+    def _plan(
+        self, rungs: Sequence[str], avoid: Collection[str]
+    ) -> list[tuple[PoolSpec, Endpoint]]:
+        """Whom to try, in order: up to ``tries_per_pool`` endpoints in service per rung, down
+        the ladder; then, as a last resort, ejected endpoints in place of those a pool lacks
+        (so a request is never tried on fewer endpoints than without ejection, and a ladder
+        that is all ejected is still tried); then one endpoint the caller asked to avoid."""
+        n = self._tries_per_pool
+        first: list[tuple[PoolSpec, Endpoint]] = []
+        last: list[tuple[PoolSpec, Endpoint]] = []
+        avoided: list[tuple[PoolSpec, Endpoint]] = []
+        for name in dict.fromkeys(rungs):
+            spec = self.specs.get(name)
+            if spec is None:
+                continue
+            serving = [e for e in self.candidates(name) if e.url not in avoid]
+            ejected = [e for e in self.ejected(name) if e.url not in avoid]
+            first += [(spec, e) for e in serving[:n]]
+            last += [(spec, e) for e in ejected[: max(n - len(serving), 0)]]
+            avoided += [(spec, e) for e in self.endpoints[name] if e.url in avoid]
+        return first + last + avoided[:1]
+
     async def _first(
-        self, rungs: Sequence[str], attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]]
+        self,
+        rungs: Sequence[str],
+        attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
+        avoid: Collection[str],
     ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
         """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
-        for name in rungs:
-            spec = self.specs.get(name)
-            if spec is None:
+        for spec, endpoint in self._plan(rungs, avoid):
+            try:
+                result = await self._try(endpoint, spec, attempt)
+            except UpstreamRejected as exc:
+                exc.pool = spec.name
+                raise
+            except BackendError as exc:
+                attempts.append(Attempt(spec.name, endpoint.url, str(exc)))
+                errors.append(exc)
                 continue
-            for endpoint in self.candidates(name)[: self._tries_per_pool]:
-                try:
-                    result = await self._try(endpoint, spec, attempt)
-                except UpstreamRejected:
-                    raise
-                except BackendError as exc:
-                    attempts.append(Attempt(name, endpoint.url, str(exc)))
-                    errors.append(exc)
-                    continue
-                return spec, endpoint, result, tuple(attempts)
-        raise _summary(errors, attempts)
+            return spec, endpoint, result, tuple(attempts)
+        error = _summary(errors, attempts)
+        error.retry_after_s = self.retry_after(rungs)
+        raise error
 
     async def _try(
         self,
@@ -208,30 +286,31 @@ class Pools:
         spec: PoolSpec,
         attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
     ) -> T:
-        endpoint.breaker.begin(self._clock())
-        endpoint.picked += 1
+        self._picks += 1
+        endpoint.last_pick = self._picks
         endpoint.outstanding += 1
         try:
-            result = await attempt(endpoint, spec)
+            return await attempt(endpoint, spec)
         except UpstreamRejected:
             endpoint.outstanding -= 1
-            endpoint.breaker.success()
+            self.succeeded(endpoint)  # it answered; the request was wrong
             raise
         except BaseException as exc:
             endpoint.outstanding -= 1
-            if isinstance(exc, BackendError):
+            # a cancelled try says nothing about the endpoint, and a busy one is not broken
+            if isinstance(exc, BackendError) and not _busy(exc):
                 self.failed(endpoint)
-            else:  # cancelled: the trial says nothing about the endpoint
-                endpoint.breaker.abandon()
             raise
-        endpoint.breaker.success()
-        return result
+
+
+def _busy(exc: BackendError) -> bool:
+    return isinstance(exc, Unavailable) and exc.status in (408, 429)
 
 
 def _summary(errors: list[BackendError], attempts: list[Attempt]) -> BackendError:
     tried = "; ".join(f"{a.pool} {a.url}: {a.error}" for a in attempts)
     if not errors:
-        return Unavailable("no healthy endpoint in any pool of the ladder")
+        return Unavailable("no endpoint in any pool of the ladder")
     if all(isinstance(e, UpstreamTimeout) for e in errors):
         return UpstreamTimeout(f"every upstream timed out ({tried})")
     return Unavailable(f"no upstream could serve the request ({tried})")

@@ -1,29 +1,35 @@
 """Step 5 of a request, on the wire: one POST to one OpenAI-compatible endpoint, streamed
 (or, for pools that allow it, one whole non-streamed answer).
 
-Uses one shared aiohttp session (keep-alive, connection limits). aiohttp rather than httpx:
-on the same machine httpx took 3.2x as long per streamed round trip with one in flight and
-delivered 1/17 of the throughput with 64 (bench/RESULTS.md, "Upstream HTTP client").
-Every aiohttp and socket exception is mapped to ``backends.errors`` inside ``_mapped`` and
-nowhere else.
+Uses one ``backends/http1.py`` client (keep-alive connections per endpoint, a limit on
+connections): it costs a tenth of the CPU per request that aiohttp did, and aiohttp a third
+of what httpx did (bench/RESULTS.md, "Upstream HTTP client"). Every client and socket
+exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
+
+A stream's first events are the upstream's answer as much as its status line is. vLLM checks
+some fields only once the engine takes the request, after it has answered 200, and then
+sends the error as the first event (``{"error": {..., "code": 400}}``); such an event, or one
+right after the chat role chunk, fails the open like an HTTP error with that status would: a
+4xx is ``UpstreamRejected`` carrying the event as the body, anything else ``Unavailable``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import aiohttp
+import orjson
 
 from backends.errors import (
+    BackendError,
     StreamBroken,
     Unavailable,
     UpstreamRejected,
     UpstreamTimeout,
 )
+from backends.http1 import BadResponse, Client, ConnectError, Disconnected, Response
 from backends.sse import SSEDecoder
 
 DONE = b"[DONE]"
@@ -45,15 +51,15 @@ def _mapped(started: bool) -> Iterator[None]:
     """Translate the HTTP client's exceptions; after the first event every failure is a break."""
     try:
         yield
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except TimeoutError as exc:
         if started:
             raise StreamBroken("upstream went quiet for longer than the idle timeout") from exc
         raise UpstreamTimeout("no answer from upstream in time") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise Unavailable(f"cannot connect: {exc.os_error or exc}") from exc
-    except (aiohttp.ClientError, ConnectionError) as exc:
+    except ConnectError as exc:
+        raise Unavailable(f"cannot connect: {exc}") from exc
+    except (Disconnected, BadResponse, ConnectionError) as exc:
         if started:
-            raise StreamBroken(f"upstream stream broke: {type(exc).__name__}") from exc
+            raise StreamBroken(f"upstream stream broke: {exc}") from exc
         raise Unavailable(f"upstream failed: {type(exc).__name__}: {exc}") from exc
 
 
@@ -62,21 +68,33 @@ class UpstreamStream:
 
     __slots__ = ("_decoder", "_pending", "_response", "done", "first")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: Response) -> None:
         self._response = response
         self._decoder = SSEDecoder()
         self._pending: list[bytes] = []
         self.first = b""
         self.done = False
 
-    async def read_first(self) -> bytes:
+    async def _fill(self) -> bytes:
+        """The next event, left in ``_pending``."""
         while not self._pending:
-            chunk = await self._response.content.readany()
+            with _mapped(started=False):
+                chunk = await self._response.chunk()
             if not chunk:
                 raise Unavailable("upstream closed the stream before its first event")
             self._pending = self._decoder.feed(chunk)
-        self.first = self._pending.pop(0)
+        return self._pending[0]
+
+    async def read_first(self) -> bytes:
+        """The first event, checked: an error event raises, and a chat stream's role chunk
+        is checked together with the event after it."""
+        self.first = await self._fill()
+        self._pending.pop(0)
         self.done = self.first == DONE
+        if not self.done:
+            _raise_for_event(self.first)
+            if _is_prelude(self.first):
+                _raise_for_event(await self._fill())
         return self.first
 
     def take_pending(self) -> list[bytes]:
@@ -99,7 +117,7 @@ class UpstreamStream:
                 yield batch
                 continue
             with _mapped(started=True):
-                chunk = await self._response.content.readany()
+                chunk = await self._response.chunk()
             if not chunk:
                 raise StreamBroken("upstream ended the stream without [DONE]")
             self._pending = self._decoder.feed(chunk)
@@ -113,58 +131,59 @@ class UpstreamStream:
 
 
 class Upstream:
-    """Owns the shared HTTP session; opens streams to endpoints."""
+    """Owns the HTTP client; opens streams to endpoints."""
 
     def __init__(self, *, max_connections: int = 1024, keepalive_s: float = 30.0) -> None:
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections, keepalive_timeout=self._keepalive_s, ttl_dns_cache=60
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self._client = Client(max_connections=self._max_connections, keepalive_s=self._keepalive_s)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def _post(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
+    ) -> Awaitable[Response]:
+        assert self._client is not None, "Upstream.start() was not awaited"
+        return self._client.request(
+            b"POST", url, headers, body, connect_s=timeouts.connect_s, idle_s=timeouts.idle_s
+        )
 
     async def fetch_text(self, url: str, timeout_s: float) -> str:
         """GET a small text page (a ``/metrics`` scrape); ``BackendError`` on failure."""
-        assert self._session is not None, "Upstream.start() was not awaited"
+        assert self._client is not None, "Upstream.start() was not awaited"
         with _mapped(started=False):
-            async with asyncio.timeout(timeout_s), self._session.get(url) as response:
+            async with asyncio.timeout(timeout_s):
+                response = await self._client.request(
+                    b"GET", url, {}, connect_s=timeout_s, idle_s=timeout_s
+                )
                 if response.status != 200:
+                    response.close()
                     raise Unavailable(f"{url} answered {response.status}", response.status)
-                return await response.text()
+                body = await _read_whole(response)
+        return body.decode(errors="replace")
 
     async def complete(
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
     ) -> bytes:
         """POST a non-streaming request and read the whole answer."""
-        assert self._session is not None, "Upstream.start() was not awaited"
         with _mapped(started=False):
             async with asyncio.timeout(timeouts.total_s):
-                response = await self._session.post(
-                    url, data=body, headers=headers, timeout=_client_timeout(timeouts)
-                )
+                response = await self._post(url, body, headers, timeouts)
                 return await _read_whole(response)
 
     async def open(
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
     ) -> UpstreamStream:
         """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise."""
-        assert self._session is not None, "Upstream.start() was not awaited"
-        timeout = _client_timeout(timeouts)
         with _mapped(started=False):
             async with asyncio.timeout(timeouts.first_byte_s):
-                response = await self._session.post(
-                    url, data=body, headers=headers, timeout=timeout
-                )
+                response = await self._post(url, body, headers, timeouts)
                 try:
                     if response.status >= 400:
                         await _raise_for(response)
@@ -176,23 +195,55 @@ class Upstream:
         return stream
 
 
-@functools.lru_cache(maxsize=64)
-def _client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
-    """One ClientTimeout per pool's settings, not one per request."""
-    return aiohttp.ClientTimeout(sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s)
-
-
-async def _read_whole(response: aiohttp.ClientResponse) -> bytes:
+async def _read_whole(response: Response) -> bytes:
+    """The whole body; ``BackendError`` for an error status. A connection whose answer was
+    read is reused, one abandoned half-way (a timeout, a cancelled request) closed."""
     try:
         if response.status >= 400:
             await _raise_for(response)
-        return await response.read()
-    finally:
+        body = await response.read()
+    except BackendError:
         response.release()
+        raise
+    except BaseException:
+        response.close()
+        raise
+    response.release()
+    return body
 
 
-async def _raise_for(response: aiohttp.ClientResponse) -> None:
-    body = await response.content.read(_ERROR_BODY_LIMIT)
-    if response.status in (408, 429) or response.status >= 500:
-        raise Unavailable(f"upstream answered {response.status}", response.status)
-    raise UpstreamRejected(response.status, body)
+async def _raise_for(response: Response) -> None:
+    body = await response.read(_ERROR_BODY_LIMIT)
+    _raise_status(response.status, body)
+
+
+def _raise_status(status: int | None, body: bytes) -> None:
+    if status is None or status in (408, 429) or status >= 500:
+        raise Unavailable(f"upstream answered {status or 'an error'}", status)
+    raise UpstreamRejected(status, body)
+
+
+def _raise_for_event(data: bytes) -> None:
+    """Raise as for an HTTP error when ``data`` is an error object instead of a chunk."""
+    if b'"error"' not in data:
+        return
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(event, dict) or event.get("choices"):
+        return
+    error = event.get("error")
+    if not isinstance(error, dict):
+        return
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else None
+    _raise_status(status, data)
+
+
+def _is_prelude(data: bytes) -> bool:
+    """A chat stream's role chunk (``"delta":{"role":"assistant","content":""}``), told by
+    its bytes: parsing it here would cost as much as the relay's own parse of it. Telling
+    wrongly costs nothing: one more event read when it comes with this one, or an error
+    event right after a role chunk left to the relay."""
+    return b'"role"' in data and b'"content":""' in data

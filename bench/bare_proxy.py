@@ -6,11 +6,15 @@ status, headers and body bytes as they arrive: no JSON parsing, no SSE decoding,
 no metrics. Whatever speclane costs on top of this is speclane's own work.
 
     .venv/bin/python bench/bare_proxy.py --upstream http://127.0.0.1:8101 --port 8090
+
+``--workers N`` runs N processes on the port through uvicorn's own supervisor, which is
+how one would give this proxy more cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -82,14 +86,30 @@ def create_app(upstream: str, max_connections: int = 1024) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
+_UPSTREAM_VAR = "BARE_PROXY_UPSTREAM"
+
+
+def app_from_environment() -> Starlette:
+    """The app of one of several workers: uvicorn imports them by name, so the upstream
+    travels in the environment."""
+    return create_app(os.environ[_UPSTREAM_VAR])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", required=True, help="base URL to forward to")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
     args = parser.parse_args()
+    app: Starlette | str = create_app(args.upstream)
+    if args.workers > 1:
+        os.environ[_UPSTREAM_VAR] = args.upstream
+        app = "bare_proxy:app_from_environment"
     uvicorn.run(
-        create_app(args.upstream),
+        app,
+        factory=args.workers > 1,
+        workers=args.workers,
         host=args.host,
         port=args.port,
         loop="uvloop",

@@ -57,10 +57,10 @@ _SPEC_METRICS = {
 }
 
 
-def request_body(stream: bool) -> bytes:
+def request_body(stream: bool, model: str = MODEL) -> bytes:
     """The chat request every load generator sends (temperature 0.7: the default rule)."""
     body: dict[str, Any] = {
-        "model": MODEL,
+        "model": model,
         "messages": [
             {"role": "system", "content": "You are a concise assistant."},
             {"role": "user", "content": "Explain speculative decoding in one sentence."},

@@ -1,6 +1,7 @@
 """Which HTTP client for the upstream: httpx (its own pool), httpx over aiohttp's transport
-(httpx-aiohttp), or aiohttp itself, streaming the same 20-event SSE body from a canned
-upstream (raw ASGI on uvicorn with uvloop + httptools, in its own process).
+(httpx-aiohttp), aiohttp, or speclane's own (backends/http1.py), streaming the same 20-event
+SSE body from a canned upstream (raw ASGI on uvicorn with uvloop + httptools, in its own
+process). CPU is this process's, per request: the client's own cost.
 
     .venv/bin/python bench/clients.py [--requests 3000] [--concurrency 1 64]
 
@@ -23,6 +24,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import httpx
 import uvloop
+
+from backends.http1 import Client
 
 EVENT = (
     b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,'
@@ -56,7 +59,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def measure(call: Call, requests: int, concurrency: int) -> tuple[float, float, float]:
+async def measure(call: Call, requests: int, concurrency: int) -> tuple[float, float, float, float]:
     latencies: list[float] = []
 
     async def worker(n: int) -> None:
@@ -67,12 +70,13 @@ async def measure(call: Call, requests: int, concurrency: int) -> tuple[float, f
 
     for _ in range(min(200, requests)):  # warm up: connections, caches
         await call()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     latencies.sort()
     p99 = latencies[int(len(latencies) * 0.99)]
-    return len(latencies) / elapsed, statistics.median(latencies) * 1e3, p99 * 1e3
+    n = len(latencies)
+    return n / elapsed, statistics.median(latencies) * 1e3, p99 * 1e3, cpu / n * 1e6
 
 
 async def clients(url: str) -> tuple[dict[str, Call], list[Callable[[], Awaitable[None]]]]:
@@ -91,8 +95,20 @@ async def clients(url: str) -> tuple[dict[str, Call], list[Callable[[], Awaitabl
             async for _ in r.content.iter_any():
                 pass
 
-    calls: dict[str, Call] = {"httpx": via_httpx, "aiohttp": via_aiohttp}
-    closers: list[Callable[[], Awaitable[None]]] = [plain.aclose, session.close]
+    own = Client(max_connections=256)
+
+    async def via_own() -> None:
+        response = await own.request(b"POST", url, {}, PAYLOAD, connect_s=2, idle_s=10)
+        while await response.chunk():
+            pass
+        response.release()
+
+    calls: dict[str, Call] = {
+        "httpx": via_httpx,
+        "aiohttp": via_aiohttp,
+        "speclane (backends/http1.py)": via_own,
+    }
+    closers: list[Callable[[], Awaitable[None]]] = [plain.aclose, session.close, own.close]
     with contextlib.suppress(ImportError):
         from httpx_aiohttp import AiohttpTransport
 
@@ -125,12 +141,14 @@ async def main(requests: int, concurrencies: list[int]) -> None:
                 raise RuntimeError("canned upstream did not start")
             time.sleep(0.05)
         calls, closers = await clients(url)
-        print("| client | concurrency | req/s | p50 ms | p99 ms |")
-        print("| --- | ---: | ---: | ---: | ---: |")
+        print("| client | concurrency | req/s | p50 ms | p99 ms | client CPU µs/request |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for concurrency in concurrencies:
             for name, call in calls.items():
-                rps, p50, p99 = await measure(call, requests, concurrency)
-                print(f"| {name} | {concurrency} | {rps:,.0f} | {p50:.3f} | {p99:.3f} |")
+                rps, p50, p99, cpu = await measure(call, requests, concurrency)
+                print(
+                    f"| {name} | {concurrency} | {rps:,.0f} | {p50:.3f} | {p99:.3f} | {cpu:.0f} |"
+                )
         for close in closers:
             await close()
     finally:

@@ -92,19 +92,22 @@ class Wrk:
     def find() -> str | None:
         return shutil.which("wrk")
 
-    def _script(self, stream: bool) -> Path:
-        path = self._scripts / f"wrk-{'stream' if stream else 'json'}.lua"
+    def script(self, stream: bool, model: str = canned.MODEL) -> Path:
+        """The Lua script that makes wrk send the canned request."""
+        path = self._scripts / f"wrk-{'stream' if stream else 'json'}-{model}.lua"
         lines = [
             'wrk.method = "POST"',
-            f"wrk.body = [==[{canned.request_body(stream).decode()}]==]",
+            f"wrk.body = [==[{canned.request_body(stream, model).decode()}]==]",
         ]
         lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in canned.request_headers(stream).items()]
         path.write_text("\n".join(lines) + "\n" + _WRK_DONE)
         return path
 
-    def _run(self, url: str, concurrency: int, stream: bool, seconds: int) -> dict[str, float]:
+    def _run(
+        self, url: str, concurrency: int, stream: bool, seconds: int, model: str
+    ) -> dict[str, float]:
         argv = [self._binary, "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s"]
-        argv += ["-s", str(self._script(stream)), url]
+        argv += ["-s", str(self.script(stream, model)), url]
         child = self._supervisor.start("wrk", argv, capture=True)
         try:
             out, _ = child.popen.communicate(timeout=seconds + 30)
@@ -125,12 +128,13 @@ class Wrk:
         warmup: float,
         duration: float,
         watched: dict[str, Child],
+        model: str = canned.MODEL,
     ) -> Measurement:
         if warmup > 0:
-            self._run(url, concurrency, stream, max(1, math.ceil(warmup)))
+            self._run(url, concurrency, stream, max(1, math.ceil(warmup)), model)
         ours = self._supervisor.groups
         before, loader_before, started = cpu_snapshot(), _children_cpu_s(), time.monotonic()
-        result = self._run(url, concurrency, stream, max(1, round(duration)))
+        result = self._run(url, concurrency, stream, max(1, round(duration)), model)
         elapsed = time.monotonic() - started
         after, loader = cpu_snapshot(), _children_cpu_s() - loader_before
         window_s = result["window_us"] / 1e6
@@ -161,11 +165,13 @@ class PythonLoader:
         warmup: float,
         duration: float,
         watched: dict[str, Child],
+        model: str = canned.MODEL,
     ) -> Measurement:
         argv: Sequence[str] = [
             sys.executable,
             str(self._script),
             f"--url={url}",
+            f"--model={model}",
             f"--concurrency={concurrency}",
             f"--duration={duration}",
             f"--warmup={warmup}",

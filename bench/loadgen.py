@@ -67,8 +67,10 @@ async def _worker(
                 w.errors += 1
 
 
-async def run(url: str, concurrency: int, duration: float, warmup: float, stream: bool) -> None:
-    body = canned.request_body(stream)
+async def run(
+    url: str, concurrency: int, duration: float, warmup: float, stream: bool, model: str
+) -> None:
+    body = canned.request_body(stream, model)
     headers = canned.request_headers(stream)
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=30)
@@ -108,13 +110,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--model", default=canned.MODEL, help="the model the requests name")
     args = parser.parse_args()
+    load = run(args.url, args.concurrency, args.duration, args.warmup, args.stream, args.model)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(run(args.url, args.concurrency, args.duration, args.warmup, args.stream))
+        asyncio.run(load)
     else:
-        uvloop.run(run(args.url, args.concurrency, args.duration, args.warmup, args.stream))
+        uvloop.run(load)
 
 
 if __name__ == "__main__":

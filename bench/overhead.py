@@ -39,7 +39,15 @@ import canned
 import orjson
 import report
 from loaders import OTHER, Measurement, PythonLoader, Wrk
-from procs import Child, Supervisor, cpu_snapshot, free_port, others_s, signals_interrupt
+from procs import (
+    Child,
+    Supervisor,
+    cpu_model,
+    cpu_snapshot,
+    free_port,
+    others_s,
+    signals_interrupt,
+)
 
 CHAT = "/v1/chat/completions"
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,20 +60,14 @@ pools:
     model: {model}
     num_speculative_tokens: 4
     endpoints: [{url}]
-    passthrough_non_streaming: true
+    passthrough_non_streaming: {passthrough}
   standard:
     kind: standard
     model: {model}
     endpoints: [{url}]
-    passthrough_non_streaming: true
+    passthrough_non_streaming: {passthrough}
 ladder: [spec, standard]
-guardrail:
-  min_acceptance: 0.3
-  recover_above: 0.4
-  min_samples: 30
-  window_s: 60
-  cooldown_s: 30
-rules:
+{guardrail}rules:
   - name: structured
     match:
       response_format: [json_object, json_schema]
@@ -78,6 +80,21 @@ rules:
   - name: default
     start: spec
 """
+THRESHOLDS = """\
+guardrail:
+  min_acceptance: 0.3
+  recover_above: 0.4
+  min_samples: 30
+  window_s: 60
+  cooldown_s: 30
+"""
+
+
+def policy_text(url: str, *, passthrough: bool = True, guardrail: str = THRESHOLDS) -> str:
+    """The benchmark's policy: three rules, both pools at ``url``; ``guardrail`` "" for the
+    default one."""
+    flag = "true" if passthrough else "false"
+    return _POLICY.format(model=canned.MODEL, url=url, passthrough=flag, guardrail=guardrail)
 
 
 Cell = tuple["Target", int, bool]  # where, concurrency, streaming
@@ -262,7 +279,7 @@ def start_bare(sup: Supervisor, upstream: str) -> tuple[str, Child]:
 def start_speclane(sup: Supervisor, tmp: Path, upstream: str) -> tuple[str, Child]:
     port = free_port()
     policy = tmp / "policy.yaml"
-    policy.write_text(_POLICY.format(model=canned.MODEL, url=upstream))
+    policy.write_text(policy_text(upstream))
     argv = [*_speclane(), "serve", "--policy", str(policy), "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
@@ -278,13 +295,14 @@ def _speclane() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
 
 
-def _post(url: str, stream: bool) -> tuple[int, dict[str, str], bytes]:
+def _post(url: str, stream: bool, model: str) -> tuple[int, dict[str, str], bytes]:
     host_port = url.removeprefix("http://").split("/")[0]
     host, _, port = host_port.partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
-        body = canned.request_body(stream)
-        connection.request("POST", CHAT, body, canned.request_headers(stream))
+        body = canned.request_body(stream, model)
+        path = "/" + url.removeprefix("http://").split("/", 1)[1]
+        connection.request("POST", path, body, canned.request_headers(stream))
         response = connection.getresponse()
         headers = {k.lower(): v for k, v in response.getheaders()}
         return response.status, headers, response.read()
@@ -292,10 +310,10 @@ def _post(url: str, stream: bool) -> tuple[int, dict[str, str], bytes]:
         connection.close()
 
 
-def check(target: Target, stream: bool) -> str:
+def check(url: str, name: str, stream: bool, model: str = canned.MODEL) -> str:
     """One request by hand: the answer must be complete before anything is timed."""
-    status, headers, body = _post(target.url, stream)
-    where = f"{target.name} ({'stream' if stream else 'json'})"
+    status, headers, body = _post(url, stream, model)
+    where = f"{name} ({'stream' if stream else 'json'})"
     if status != 200:
         raise RuntimeError(f"{where} answered {status}: {body[:300]!r}")
     if stream:
@@ -388,16 +406,8 @@ def run_rounds(
 
 
 def _machine(loader: str, upstream: str) -> str:
-    cpu = platform.processor() or platform.machine()
-    model = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     return (
-        f"{os.cpu_count()} cores ({model or cpu}), {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} cores ({cpu_model()}), {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}; load generator {loader}; upstream {upstream}"
     )
 
@@ -507,7 +517,7 @@ def _run(
     print(f"about {_spend(args, len(targets)) / 60:.0f} min; checking every configuration:")
     for target in targets:
         for stream in (True, False):
-            print(check(target, stream))
+            print(check(target.url, target.name, stream))
 
     def measure(t: Target, concurrency: int, stream: bool, warm: float, dur: float) -> Measurement:
         return loader.measure(t.url, concurrency, stream, warm, dur, t.watched)

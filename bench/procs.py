@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import http.client
 import os
+import platform
 import resource
 import signal
 import socket
@@ -223,3 +224,35 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def busiest_others(sup: Supervisor, seconds: float, top: int = 6) -> list[tuple[str, float]]:
+    """What else is running: the processes outside this benchmark that used the most CPU
+    over ``seconds``, as (command, % of one core), summed by command name."""
+    before = cpu_snapshot()
+    time.sleep(seconds)
+    after = cpu_snapshot()
+    ours = sup.groups | {os.getpgrp()}
+    by_name: dict[str, float] = {}
+    for pid, used in after.own.items():
+        if after.groups.get(pid) in ours:
+            continue
+        delta = used - before.own.get(pid, used)
+        if delta <= 0:
+            continue
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        by_name[name] = by_name.get(name, 0.0) + 100 * delta / seconds
+    return sorted(by_name.items(), key=lambda item: -item[1])[:top]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway import tokens
+from gateway.identity import Caller, caller_from
 from gateway.schema import AnyRequest, ChatRequest, CompletionRequest
 from policies.features import Features, ResponseFormat
 
@@ -21,7 +22,10 @@ _FORMATS = {f.value: f for f in ResponseFormat}
 
 @dataclass(frozen=True, slots=True)
 class Defaults:
-    """What the backends use when a request leaves a sampling field out."""
+    """What the backends use when a request leaves a sampling field out, and the headers
+    classification reads. ``tenant_header`` names the tenant only for operator tools
+    (``policy explain``, the console): a served request's caller comes from
+    ``gateway/identity.py``."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -35,8 +39,12 @@ def classify(
     headers: Mapping[str, str],
     request_id: str,
     defaults: Defaults,
+    caller: Caller | None = None,
 ) -> Features:
-    tenant = headers.get(defaults.tenant_header) or _key_hash(headers.get("authorization"))
+    """``caller`` is who the gateway found the request comes from; without it (operator
+    tools) the tenant header is believed."""
+    caller = caller or caller_from(headers, defaults.tenant_header, {})
+    tenant = caller.tenant
     tools = _tool_names(request)
     schemas = _tool_schemas(request) if tools else b""
     fmt, schema = _response_format(request)
@@ -54,7 +62,8 @@ def classify(
         stream=request.stream,
         n=request.n,
         tenant=tenant,
-        routing_key=request.user or tenant or request_id,
+        routing_key=f"{tenant}/{request.user}" if request.user else caller.sticky or request_id,
+        request_id=request_id,
         headers=headers,
     )
 
@@ -104,11 +113,3 @@ def _response_format(request: AnyRequest) -> tuple[ResponseFormat, str]:
     spec = request.response_format
     schema = spec.json_schema.name if spec.json_schema else ""
     return _FORMATS.get(spec.type, ResponseFormat.TEXT), schema
-
-
-def _key_hash(authorization: str | None) -> str:
-    """A tenant id from the API key, so tenants need no extra header; never the key itself."""
-    if not authorization:
-        return ""
-    key = authorization.removeprefix("Bearer ").strip()
-    return "key-" + hashlib.blake2b(key.encode(), digest_size=6).hexdigest()

@@ -4,16 +4,18 @@
      ├── 400 invalid_request_error                   bad JSON, a bad field (param names it)
      ├── 404 model_not_found                         no ladder serves the model
      ├── 413 request_too_large                       body over max_body_bytes
-     ├── 503 no_healthy_upstream                     every pool of the ladder failed
+     ├── 503 no_healthy_upstream                     every pool of the ladder failed (Retry-After)
      └── 504 upstream_timeout                        every try timed out
 
 Backend errors (``backends.errors``) are turned into these by ``from_backend``; a 4xx from
-upstream is passed through as it came. Nothing else reaches the client: an unexpected
-exception is logged with its traceback and answered with a plain 500 body.
+upstream, or an error event with a 4xx code that opened its stream, is passed through as it
+came, with its status, whether the client streams or not. Nothing else reaches the client:
+an unexpected exception is logged with its traceback and answered with a plain 500 body.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import orjson
@@ -32,6 +34,8 @@ class ApiError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    retry_after_s: float | None = None
+    headers: dict[str, str] | None = None
 
     def body(self) -> dict[str, object]:
         return {
@@ -44,6 +48,10 @@ class ApiError(Exception):
         }
 
     def response(self, headers: dict[str, str] | None = None) -> Response:
+        if self.headers:
+            headers = {**self.headers, **(headers or {})}
+        if self.retry_after_s is not None:
+            headers = {**(headers or {}), "retry-after": str(math.ceil(self.retry_after_s))}
         return Response(orjson.dumps(self.body()), self.status, headers, media_type=JSON)
 
     def sse(self) -> bytes:
@@ -58,19 +66,21 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 def from_backend(exc: BackendError) -> ApiError:
     if isinstance(exc, UpstreamTimeout):
         return ApiError(504, str(exc), "server_error", None, "upstream_timeout")
-    return ApiError(503, str(exc), "server_error", None, "no_healthy_upstream")
+    retry = exc.retry_after_s or 1.0
+    return ApiError(503, str(exc), "server_error", None, "no_healthy_upstream", retry)
 
 
-def rejected(exc: UpstreamRejected) -> Response:
-    """An upstream 4xx, passed on with its own body when that body is an error object."""
+def rejected(exc: UpstreamRejected, headers: dict[str, str] | None = None) -> Response:
+    """An upstream 4xx (or an error event that opened its stream), passed on with its own
+    body when that body is an error object; ``headers`` say who answered."""
     try:
         body = orjson.loads(exc.body)
     except orjson.JSONDecodeError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return Response(exc.body, exc.status, media_type=JSON)
+        return Response(exc.body, exc.status, headers, media_type=JSON)
     message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
-    return ApiError(exc.status, message, code="upstream_rejected").response()
+    return ApiError(exc.status, message, code="upstream_rejected").response(headers)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

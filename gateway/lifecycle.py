@@ -4,13 +4,17 @@ the guardrail tick, and what a policy change sets in motion."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 
 from backends.discovery import resolve
 from backends.pool import PoolSpec
 from backends.upstream import Timeouts
-from gateway.policyfile import ReloadResult
 from gateway.services import Services
+from gateway.state.policyfile import ReloadResult
 from policies.compiled import CompiledPolicy
+
+log = logging.getLogger(__name__)
 
 
 def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
@@ -27,6 +31,7 @@ def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
                 pool.timeouts.total_s,
             ),
             discover=pool.discovery == "dns",
+            engine=pool.engine.value,
         )
         for name, pool in policy.pools.items()
     ]
@@ -34,23 +39,33 @@ def pool_specs(policy: CompiledPolicy) -> list[PoolSpec]:
 
 def policy_changed(services: Services, policy: CompiledPolicy) -> None:
     services.pools.update(pool_specs(policy))
+    services.identity.policy_changed(policy)
     services.flags.policy_changed(policy)
     services.stats.policy_changed(policy)
     services.telemetry.reload("ok")
 
 
-def reload_policy(services: Services) -> ReloadResult:
-    result = services.policy.reload()
+async def reload_policy(services: Services) -> ReloadResult:
+    result = await services.policy.reload(services.wall())
     if not result.changed:
         services.telemetry.reload("rejected")
     return result
 
 
 async def watch_policy(services: Services) -> None:
+    """Reload when the file changes or a reload is requested (SIGHUP). Outlives any one
+    reload: a failure of it is logged, and the watch goes on."""
+    holder = services.policy
     while True:
-        await asyncio.sleep(services.settings.policy_watch_s)
-        if services.policy.changed_on_disk():
-            reload_policy(services)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(holder.requested.wait(), services.settings.policy_watch_s)
+        requested = holder.requested.is_set()
+        holder.requested.clear()
+        try:
+            if requested or holder.changed_on_disk():
+                await reload_policy(services)
+        except Exception:  # the watch must survive a bug in what a reload sets in motion
+            log.exception("policy watch: the reload failed; still watching")
 
 
 async def tick(services: Services) -> None:

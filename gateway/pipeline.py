@@ -5,25 +5,34 @@ request". Nothing on this path happens in middleware or callbacks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from backends.errors import BackendError, UpstreamRejected
-from backends.pool import Completed, Opened
+from backends.pool import Attempt, Completed, Opened, PoolSpec
 from gateway import schema
-from gateway.acceptance import Fold, Labels, Status
 from gateway.classify import classify
 from gateway.errors import JSON, ApiError, from_backend, rejected
-from gateway.respond import SSEResponse, cancelled_on_disconnect
+from gateway.identity import remembered
+from gateway.measure.acceptance import Fold, Labels, Outcome, Status
+from gateway.measure.engine_metrics import engine_timed
+from gateway.measure.shadow import answer_text
+from gateway.measure.tracing import Trace
+from gateway.measure.validity import Collected, Expectation, expect
+from gateway.server.headers import decision_headers
+from gateway.server.passthrough import one_answer, passes_through, stream_options
+from gateway.server.respond import SSEResponse, cancelled_on_disconnect
+from gateway.server.streaming import Relay
 from gateway.services import Services
-from gateway.shadow import answer_text
-from gateway.streaming import Relay
 from policies.decide import decide
 from policies.decision import Decision
 from policies.features import Features
@@ -32,6 +41,9 @@ T = TypeVar("T", Opened, Completed)
 _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
 _SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_BROKEN = "upstream_stream_broken"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_OPERATION = {"chat": "chat", "completion": "text_completion"}  # GenAI conventions' names
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,24 +58,54 @@ class Ask:
     path: str
     request_id: str
     started: float
+    decided: float
+    trace: Trace
+    expect: Expectation | None
 
 
 async def complete(
     services: Services, request: Request, kind: schema.Kind
 ) -> Response | SSEResponse:
-    """Serve one chat or completions request."""
+    """Serve one chat or completions request, under its trace: the trace of a streamed
+    answer ends with the stream."""
     started = services.clock()
-    tracer = services.telemetry.tracer
+    request_id = _request_id(request.headers.get("x-request-id"))
+    trace = services.telemetry.tracing.begin(request.headers, _OPERATION[kind])
+    try:
+        with _errors_carry(request_id):
+            answer = await _serve(services, request, kind, started, request_id, trace)
+    except ApiError as exc:
+        trace.end(exc.status, exc)
+        raise
+    except BaseException as exc:
+        trace.end(499 if isinstance(exc, asyncio.CancelledError) else 500, exc)
+        raise
+    if not isinstance(answer, SSEResponse):
+        trace.end(answer.status_code)
+    return answer
+
+
+async def _serve(
+    services: Services,
+    request: Request,
+    kind: schema.Kind,
+    started: float,
+    request_id: str,
+    trace: Trace,
+) -> Response | SSEResponse:
     body = await _read_body(request, services.settings.max_body_bytes)  # 1 request in
-    with tracer.start_as_current_span("parse"):
+    with trace.step("parse"):
         parsed, payload = schema.parse(body, kind)  # 2 parse + validate
-    request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
     path: str = request.scope["path"]
-    with tracer.start_as_current_span("classify"):
-        features = classify(parsed, path, request.headers, request_id, services.defaults)  # 3
+    with trace.step("classify"):  # 3
+        caller = remembered(request.scope) or services.identity.caller(request.headers)
+        features = classify(parsed, path, request.headers, request_id, services.defaults, caller)
     policy = services.policy.current
-    with tracer.start_as_current_span("decide"):
+    with trace.step("decide"):
         decision = decide(features, policy, services.flags.values, services.stats.guards, started)
+    trace.decided(features, decision)
+    if services.request_log is not None:  # for speclane replay --log, when asked
+        services.request_log.add(services.wall(), path, payload, request.headers, features.tenant)
     if not decision.rungs:
         raise ApiError(
             404,
@@ -71,37 +113,102 @@ async def complete(
             param="model",
             code="model_not_found",
         )
-    ask = Ask(kind, parsed, payload, features, decision, path, request_id, started)
-    if not parsed.stream and policy.pools[decision.pool].passthrough_non_streaming:
+    decided = services.clock()
+    ask = Ask(
+        kind,
+        parsed,
+        payload,
+        features,
+        decision,
+        path,
+        request_id,
+        started,
+        decided,
+        trace,
+        expect(payload),
+    )
+    pool = policy.pools[decision.pool]
+    if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
         return await _whole(services, request, ask)
     return await _streamed(services, request, ask)
 
 
 async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
     """Steps 5-8 through an upstream stream: relayed as it comes, or assembled."""
-    streamed = ask.payload | {"stream": True, "stream_options": {"include_usage": True}}
-    opened = await _forward(services, ask, services.pools.open, streamed, _SSE)  # 5 forward
-    if isinstance(opened, Response):
-        return opened
-    headers = _decision_headers(services, ask, opened.spec.name)
-    chunks = services.policy.current.pools[opened.spec.name].chunk_acceptance
-    labels = _labels(ask, opened.spec.name, opened.spec.k, opened.endpoint.url, chunks)
-    capture = _mirror(services, ask, labels)
-    relay = Relay(  # 6 measure, 7 feedback (on_done), 8 respond
-        opened,
-        Fold(labels, ask.started),
-        include_usage=ask.parsed.include_usage,
-        clock=services.clock,
-        on_done=services.record,
-        capture=capture,
-    )
-    if ask.parsed.stream:
-        return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
+    streamed = ask.payload | {"stream": True, "stream_options": stream_options(ask.payload)}
+    send = services.pools.open
     async with cancelled_on_disconnect(request.receive) as disconnect:
-        answer = await relay.collect(chat=ask.kind == "chat")
+        opened = await _forward(services, ask, send, streamed, _SSE)  # 5 forward
+        if not ask.parsed.stream and not isinstance(opened, Response):
+            try:
+                answer, opened = await _collected(services, ask, opened, streamed)
+            except UpstreamRejected as exc:  # a client error the stream reported late
+                services.telemetry.rejected(exc.pool, exc.status)
+                opened = rejected(exc, _decision_headers(services, ask, exc.pool))
     if disconnect.gone:
         raise _client_closed()
-    return Response(orjson.dumps(answer), headers=headers, media_type=JSON)
+    if isinstance(opened, Response):
+        return opened
+    headers = _decision_headers(services, ask, opened.spec.name, opened.attempts)
+    if not ask.parsed.stream:
+        return Response(orjson.dumps(answer), headers=headers, media_type=JSON)
+    relay = _relay(services, ask, opened)
+    return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
+
+
+def _relay(services: Services, ask: Ask, opened: Opened, *, retry: bool = False) -> Relay:
+    """Steps 6 (measure), 7 (feedback, ``on_done``) and 8 (respond) over one stream; a
+    retry starts no second shadow mirror."""
+    single = one_answer(ask.payload)
+    pool = services.policy.current.pools[opened.spec.name]
+    labels = _labels(ask, opened, single and pool.chunk_acceptance)
+    seen = functools.partial(services.reports.saw, opened.spec.name)
+    structure = Collected() if ask.expect is not None else None
+    ask.trace.relaying()
+    return Relay(
+        opened,
+        Fold(labels, ask.started, ask.decided),
+        include_usage=ask.parsed.include_usage,
+        clock=services.clock,
+        on_done=functools.partial(_finished, services, ask, structure),
+        capture=None if retry else _mirror(services, ask, labels),
+        on_metrics=seen if single and opened.spec.speculative else None,
+        structure=structure,
+        include_sglext=ask.payload.get("return_spec_tokens_details") is True,
+    )
+
+
+def _finished(services: Services, ask: Ask, structure: Collected | None, outcome: Outcome) -> None:
+    """Step 7 for one relayed stream: its answer checked, its outcome recorded, and its
+    trace told (a streamed answer's trace ends here)."""
+    services.checks.finish(outcome, ask.expect, structure)
+    ask.trace.finished(outcome)
+    if ask.parsed.stream:
+        ask.trace.end(200)
+
+
+async def _collected(
+    services: Services, ask: Ask, opened: Opened, streamed: dict[str, Any]
+) -> tuple[dict[str, Any], Opened]:
+    """One JSON body from the stream. Nothing has reached the client yet, so a stream that
+    breaks is tried once more, on another endpoint or rung when there is one."""
+    chat = ask.kind == "chat"
+    try:
+        return await _relay(services, ask, opened).collect(chat=chat), opened
+    except ApiError as exc:
+        if exc.code != _BROKEN:
+            raise
+    services.telemetry.failover(ask.decision.pool, "retried_after_break")
+    again = functools.partial(services.pools.open, avoid=(opened.endpoint.url,))
+    retried = await _forward(services, ask, again, streamed, _SSE)
+    if isinstance(retried, Response):
+        raise _broken_twice()
+    return await _relay(services, ask, retried, retry=True).collect(chat=chat), retried
+
+
+def _broken_twice() -> ApiError:
+    message = "the upstream stream broke, and so did the retry's"
+    return ApiError(502, message, "server_error", None, _BROKEN)
 
 
 async def _whole(services: Services, request: Request, ask: Ask) -> Response:
@@ -114,15 +221,31 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
         raise _client_closed()
     if isinstance(done, Response):
         return done
-    labels = _labels(ask, done.spec.name, done.spec.k, done.endpoint.url, chunks=False)
+    labels = _labels(ask, done, chunks=False)
     capture = _mirror(services, ask, labels)
-    fold = Fold(labels, ask.started)
+    ask.trace.relaying()
+    fold = Fold(labels, ask.started, ask.decided)
     answer = _json_object(done.body)
-    fold.usage(answer.get("usage") or {}, answer.get("metrics"))
-    services.record(fold.finish(Status.OK, services.clock()))
+    metrics = answer.get("metrics")
+    if done.spec.speculative and one_answer(ask.payload):
+        services.reports.saw(done.spec.name, metrics)
+    fold.usage(answer.get("usage") or {}, metrics)
+    fold.answered(answer.get("choices"))
+    choices = answer.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        if isinstance(reason, str) and reason:
+            fold.finished(reason)
+    outcome = engine_timed(fold.finish(Status.OK, services.clock()), metrics)
+    structure = None
+    if ask.expect is not None:
+        structure = Collected()
+        structure.body(answer)
+    services.checks.finish(outcome, ask.expect, structure)
+    ask.trace.finished(outcome)
     if capture is not None:
         capture.set_result(answer_text(answer))
-    headers = _decision_headers(services, ask, done.spec.name)
+    headers = _decision_headers(services, ask, done.spec.name, done.attempts)
     return Response(done.body, headers=headers, media_type=JSON)
 
 
@@ -134,19 +257,39 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return answer if isinstance(answer, dict) else {}
 
 
-def _labels(ask: Ask, pool: str, k: int | None, endpoint: str, chunks: bool) -> Labels:
+def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
     return Labels(
         model=ask.parsed.model,
         rule=ask.decision.rule,
         slice=ask.decision.slice,
-        pool=pool,
-        k=k,
-        endpoint=endpoint,
+        pool=served.spec.name,
+        k=served.spec.k,
+        endpoint=served.endpoint.url,
+        engine=served.spec.engine,
         probe=ask.decision.probe,
         tenant=ask.features.tenant,
         epoch=ask.decision.epoch,
         chunk_signal=chunks,
+        arm=ask.decision.arm,
     )
+
+
+@contextmanager
+def _errors_carry(request_id: str) -> Iterator[None]:
+    """The gateway's own error answers carry the request id too, like every other answer."""
+    try:
+        yield
+    except ApiError as exc:
+        exc.headers = {"x-request-id": request_id, **(exc.headers or {})}
+        raise
+
+
+def _request_id(given: str | None) -> str:
+    """The client's ``x-request-id`` when it is a short token, else a new one: it is echoed
+    and sent upstream, so it must not carry anything else."""
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return os.urandom(12).hex()
 
 
 def _client_closed() -> ApiError:
@@ -154,16 +297,19 @@ def _client_closed() -> ApiError:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    declared = request.headers.get("content-length") or ""
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # hung up mid-body: nothing to answer, nothing to log
+        raise _client_closed() from None
     return b"".join(chunks)
 
 
@@ -171,7 +317,8 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
 
 
-Send = Callable[[Sequence[str], str, bytes, Mapping[str, str]], Awaitable[T]]
+Body = bytes | Callable[[PoolSpec], bytes]
+Send = Callable[[Sequence[str], str, Body, Mapping[str, str]], Awaitable[T]]
 
 
 async def _forward(
@@ -181,35 +328,46 @@ async def _forward(
     comes back as the client's answer, exhausted rungs as a 503 or 504."""
     body = orjson.dumps(payload)
     forward = {"content-type": JSON, "accept": accept, "x-request-id": ask.request_id}
-    with services.telemetry.tracer.start_as_current_span("forward"):
+    with ask.trace.step("forward"):
+        ask.trace.inject(forward)
         try:
-            result = await send(ask.decision.rungs, ask.path, body, forward)
+            result = await send(ask.decision.rungs, ask.path, _per_engine(body, payload), forward)
         except UpstreamRejected as exc:
-            return rejected(exc)
+            services.telemetry.rejected(exc.pool or ask.decision.pool, exc.status)
+            return rejected(exc, _decision_headers(services, ask, exc.pool or ask.decision.pool))
         except BackendError as exc:
-            services.telemetry.failover(ask.decision.pool, "exhausted")
-            raise from_backend(exc) from None
+            services.telemetry.failover(ask.decision.pool, "exhausted", "none")
+            error = from_backend(exc)
+            error.headers = _decision_headers(services, ask, ask.decision.pool)
+            raise error from None
     services.telemetry.opened(result.spec.name, shadow=False)
-    if result.attempts:
-        services.telemetry.failover(ask.decision.pool, "served", len(result.attempts))
+    for attempt in result.attempts:
+        services.telemetry.upstream_failure(attempt.pool)
+    if result.attempts or result.spec.name != ask.decision.pool:
+        services.telemetry.failover(ask.decision.pool, "served", result.spec.name)
     return result
 
 
-def _decision_headers(services: Services, ask: Ask, pool: str) -> dict[str, str]:
-    if not services.settings.decision_headers:
-        return {"x-request-id": ask.request_id}
-    decision = ask.decision
-    return {
-        "x-request-id": ask.request_id,
-        "x-speclane-rule": decision.rule,
-        "x-speclane-slice": _ascii(decision.slice),
-        "x-speclane-pool": pool,
-        "x-speclane-reason": _ascii(decision.reason),
-    }
+def _per_engine(body: bytes, payload: dict[str, Any]) -> Callable[[PoolSpec], bytes]:
+    """The upstream body for a pool: SGLang streams its per-request speculative counts only
+    when asked (``return_spec_tokens_details``), a field other engines may refuse."""
+    asked: list[bytes] = []
+
+    def for_pool(spec: PoolSpec) -> bytes:
+        if spec.engine != "sglang" or not spec.speculative or not payload.get("stream"):
+            return body
+        if not asked:
+            asked.append(orjson.dumps(payload | {"return_spec_tokens_details": True}))
+        return asked[0]
+
+    return for_pool
 
 
-def _ascii(value: str) -> str:
-    return value.encode("ascii", "replace").decode()
+def _decision_headers(
+    services: Services, ask: Ask, pool: str, attempts: Sequence[Attempt] = ()
+) -> dict[str, str]:
+    decision = ask.decision if services.settings.decision_headers else None
+    return decision_headers(ask.request_id, decision, pool, attempts)
 
 
 def _mirror(services: Services, ask: Ask, labels: Labels) -> asyncio.Future[str] | None:

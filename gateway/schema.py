@@ -2,17 +2,22 @@
 
 Only the fields routing reads are validated; every other field (``tool_choice``,
 ``logprobs``, vendor extras) is kept and passed upstream untouched (``extra="allow"``).
-Bad input raises ``ApiError`` 400 naming the field.
+Bad input raises ``ApiError`` 400 naming the field. JSON nested deeper than ``MAX_DEPTH``
+levels is refused here, once, with a 400: the gateway writes the payload out again to send it
+upstream, and every JSON writer has a depth limit of its own (orjson's is 255).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import bad_request
+
+MAX_DEPTH = 128
 
 
 class _Open(BaseModel):
@@ -94,11 +99,26 @@ def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
         raise bad_request(f"the body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise bad_request("the body must be a JSON object")
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _deeper_than(payload, MAX_DEPTH):
+        raise bad_request(f"the body is nested deeper than {MAX_DEPTH} levels")
     model = ChatRequest if kind == "chat" else CompletionRequest
     try:
         return model.model_validate(payload), payload
     except ValidationError as exc:
         raise _invalid(exc) from None
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether JSON ``value`` nests more than ``limit`` arrays and objects (no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        assert isinstance(children, Iterable)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def _invalid(exc: ValidationError) -> Exception:

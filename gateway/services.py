@@ -1,22 +1,31 @@
-"""The one typed container of a gateway's collaborators, built by ``gateway/app.py``."""
+"""The one typed container of a gateway's collaborators, built by ``gateway/server/app.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.pool import Pools
 from backends.upstream import Upstream
-from gateway.acceptance import Outcome
 from gateway.classify import Defaults
-from gateway.flagstore import FlagStore
-from gateway.livestats import LiveStats
-from gateway.policyfile import PolicyHolder
-from gateway.scrape import PoolScraper
+from gateway.identity import Identity
+from gateway.measure.acceptance import Outcome
+from gateway.measure.checks import Checks
+from gateway.measure.livestats import LiveStats
+from gateway.measure.load import LoadMeter
+from gateway.measure.loadscrape import LoadScraper
+from gateway.measure.outcomelog import OutcomeLog
+from gateway.measure.requestlog import RequestLog
+from gateway.measure.scrape import PoolScraper
+from gateway.measure.shadow import ShadowRunner
+from gateway.measure.signals import SignalsSeen
+from gateway.measure.telemetry import Telemetry
+from gateway.server.gate import Gate
+from gateway.server.passthrough import PerRequestReports
 from gateway.settings import Settings
-from gateway.shadow import ShadowRunner
-from gateway.state import SharedState
-from gateway.telemetry import Telemetry
+from gateway.state.flagstore import FlagStore
+from gateway.state.memory import SharedState
+from gateway.state.policyfile import PolicyHolder
 
 
 @dataclass(slots=True)
@@ -35,3 +44,12 @@ class Services:
     record: Callable[[Outcome], None]
     scraper: PoolScraper
     defaults: Defaults
+    reports: PerRequestReports
+    load: LoadMeter
+    identity: Identity
+    gate: Gate
+    checks: Checks
+    outcomes: OutcomeLog
+    load_scraper: LoadScraper | None = None
+    request_log: RequestLog | None = None
+    signals: SignalsSeen = field(default_factory=SignalsSeen)

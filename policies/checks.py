@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from policies.engines import engine_problems
 from policies.match import LISTS, RANGES, covers, satisfiable
-from policies.model import KILL_SWITCH, SHADOW, STANDARD, Match, PolicyFile, PoolKind, Range, Rule
+from policies.model import (
+    ANONYMOUS,
+    KILL_SWITCH,
+    SHADOW,
+    STANDARD,
+    Match,
+    PolicyFile,
+    PoolKind,
+    Range,
+    Rule,
+)
 from policies.problems import Path, Problem, Severity, closest
 
 
@@ -33,6 +44,8 @@ def check(policy: PolicyFile) -> list[Problem]:
         *_shadowed(policy.rules),
         *_band_problems(policy),
         *_guardrail_problems(policy),
+        *_tenant_problems(policy),
+        *engine_problems(policy),
     ]
 
 
@@ -99,6 +112,7 @@ def _rule_problems(policy: PolicyFile) -> Iterator[Problem]:
             yield Problem((*at, "name"), message, "rule names must be unique", code="duplicate")
         seen.add(rule.name)
         yield from _references(policy, rule, at, on_ladders)
+        yield from _experiment_problems(policy, rule, at)
         yield from _match_problems(rule.match, (*at, "match"))
     yield from _unused_flags(policy)
     last = len(policy.rules) - 1
@@ -136,6 +150,42 @@ def _references(
             Severity.WARNING,
             code="undeclared-flag",
         )
+
+
+def _experiment_problems(policy: PolicyFile, rule: Rule, at: Path) -> Iterator[Problem]:
+    """An experiment's arms: two different rungs of every ladder the rule can reach, the
+    upper one first (it is the rule's start, the arm the guardrail protects)."""
+    experiment = rule.experiment
+    if experiment is None:
+        return
+    here: Path = (*at, "experiment", "arms")
+    first, second = experiment.arms
+    if SHADOW in experiment.arms:
+        yield Problem(here, "an experiment arm cannot be 'shadow'", "use pools", code="arms")
+        return
+    if first == second:
+        yield Problem(here, "the two arms are the same", "split between two rungs", code="arms")
+    if rule.start != first:
+        message = f"start {rule.start!r} is not the first arm {first!r}"
+        hint = "leave start out, or list it first: the first arm is the one the guardrail guards"
+        yield Problem((*at, "start"), message, hint, code="arms")
+    for model, rungs in ladders_of(policy).items():
+        index = {p: i for i, p in enumerate(rungs)} | {STANDARD: len(rungs) - 1}
+        if first not in index or second not in index:
+            continue  # an unknown pool is reported with the rule's start, or below
+        if index[first] >= index[second]:
+            message = f"on the {model} ladder {first!r} is not above {second!r}"
+            hint = "list the arm higher on the ladder (the speculative one) first"
+            yield Problem(here, message, hint, code="arms")
+    on_ladders = {p for rungs in ladders_of(policy).values() for p in rungs} | {STANDARD}
+    for arm in experiment.arms:
+        if arm not in on_ladders:
+            yield Problem(
+                here,
+                f"arm {arm!r} is not a pool on a ladder",
+                _choices(on_ladders),
+                code="unknown-pool",
+            )
 
 
 def _unused_flags(policy: PolicyFile) -> Iterator[Problem]:
@@ -240,6 +290,20 @@ def _guardrail_problems(policy: PolicyFile) -> Iterator[Problem]:
                 f"{merged.min_acceptance:g}: the slice would flap"
             )
             yield Problem(("rules", i, "guardrail"), message, hint, code="guardrail")
+
+
+def _tenant_problems(policy: PolicyFile) -> Iterator[Problem]:
+    owner: dict[str, str] = {}
+    for name, tenant in policy.tenants.items():
+        if name == ANONYMOUS and tenant.api_keys:
+            message = f"{ANONYMOUS!r} is every request without a known key: it has no keys"
+            yield Problem(("tenants", name, "api_keys"), message, code="tenant")
+            continue
+        for i, key in enumerate(tenant.api_keys):
+            if key in owner:
+                message = f"this key is already {owner[key]!r}'s: a key names one tenant"
+                yield Problem(("tenants", name, "api_keys", i), message, code="tenant")
+            owner.setdefault(key, name)
 
 
 def _choices(names: Iterable[str]) -> str:

@@ -90,14 +90,16 @@ def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> Co
         pools=dict(policy.pools),
         ladders=ladders,
         rules=rules,
-        slicer=Slicer.of(policy.slices.temperature, policy.slices.context_tokens),
+        slicer=Slicer.of(
+            policy.slices.temperature, policy.slices.context_tokens, policy.slices.tool_schemas
+        ),
         matcher=Matcher([r.match for r in policy.rules]),
         by_name={r.name: r for r in rules},
         warnings=warnings,
     )
 
 
-def load_policy(text: str, filename: str = "<policy>") -> CompiledPolicy:
+def load_policy(text: str | bytes, filename: str = "<policy>") -> CompiledPolicy:
     """Lint and compile a policy file's text; ``PolicyError`` lists every error lint finds.
 
     Warnings do not stop a policy; they are kept in ``CompiledPolicy.warnings``.

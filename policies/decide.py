@@ -2,11 +2,16 @@
 
 The same ``decide`` serves live traffic, ``speclane policy explain`` and the replay
 simulator. It reads one snapshot of flags and guardrail states and never waits for anything.
+Probes and shadow mirrors sample *requests* (a hash of the request id), never clients, so
+one client with one API key probes like ten thousand; rollouts and experiment arms stay
+stable per user (an experiment's arm hashes the tenant with the routing key, so one user id
+in two tenants is two users).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.decision import Decision
@@ -36,9 +41,38 @@ def decide(
         reason = f"no ladder serves model {features.model}"
         return Decision(rule.name, slice_key, "", (), 0, 0, reason)
     start = ladder.index(rule.rule.start)
-    standard = len(ladder.pools) - 1
     if rule.rule.start == SHADOW:
         return _shadow(features, rule, ladder, slice_key, start)
+    arm = _arm(features, rule)
+    if arm is None:
+        return _guarded(features, rule, ladder, slice_key, start, flags, guards)
+    if ladder.index(arm) > start:  # the control arm is served where it says, as it is
+        reason = f"rule {rule.name}: experiment arm {arm}"
+        return replace(_serve(ladder, rule, slice_key, ladder.index(arm), start, reason), arm=arm)
+    decision = _guarded(features, rule, ladder, slice_key, start, flags, guards)
+    return replace(decision, arm=arm, reason=f"{decision.reason} (experiment arm {arm})")
+
+
+def _arm(features: Features, rule: CompiledRule) -> str | None:
+    experiment = rule.rule.experiment
+    if experiment is None:
+        return None
+    key = f"{features.tenant}\x00{features.routing_key}"
+    first = bucket(f"{rule.name}\x00arm", key) < experiment.split / 100
+    return experiment.arms[0] if first else experiment.arms[1]
+
+
+def _guarded(
+    features: Features,
+    rule: CompiledRule,
+    ladder: Ladder,
+    slice_key: str,
+    start: int,
+    flags: Mapping[str, FlagValue],
+    guards: Mapping[str, SliceState],
+) -> Decision:
+    """The rung the guardrail has the slice on, unless a flag keeps speculation off."""
+    standard = len(ladder.pools) - 1
     gate = _gate(features, rule, flags)
     if gate is not None:
         return _serve(ladder, rule, slice_key, standard, start, gate)
@@ -47,6 +81,14 @@ def decide(
     if state.phase is Phase.PROBING and rung > start:
         return _probe(features, rule, ladder, slice_key, rung, start, state)
     reason = f"rule {rule.name}: {_ladder_word(state, ladder, rung)}"
+    explore = state.explore and rung < standard
+    if explore and bucket("explore", features.request_id + slice_key) < state.explore:
+        down = ladder.pools[rung + 1]
+        if state.explore_live:
+            reason += f", served by {down} to learn its step time"
+            return _serve(ladder, rule, slice_key, rung + 1, start, reason, epoch=state.version)
+        reason += f", mirrored to {down} to learn its step time"
+        return _serve(ladder, rule, slice_key, rung, start, reason, down, epoch=state.version)
     return _serve(ladder, rule, slice_key, rung, start, reason, epoch=state.version)
 
 
@@ -69,8 +111,7 @@ def _shadow(
     target = rule.rule.shadow_to or ladder.first_speculative()
     mirrored = (
         target is not None
-        and bucket("shadow", features.routing_key + features.tools_fingerprint + slice_key)
-        < rule.rule.shadow_fraction
+        and bucket("shadow", features.request_id + slice_key) < rule.rule.shadow_fraction
     )
     reason = f"rule {rule.name}: shadow, standard answers" + (
         f", mirrored to {target}" if mirrored else ""
@@ -88,7 +129,8 @@ def _probe(
     state: SliceState,
 ) -> Decision:
     up = ladder.pools[rung - 1]
-    if bucket("probe", features.routing_key) >= rule.guardrail.probe_fraction:
+    share = state.probe_share or rule.guardrail.probe_fraction
+    if bucket("probe", features.request_id + slice_key) >= share:
         reason = f"rule {rule.name}: fallen back to {ladder.pools[rung]}, probing {up} elsewhere"
         return _serve(ladder, rule, slice_key, rung, start, reason, epoch=state.version)
     if rule.guardrail.probe is ProbeMode.SHADOW:

@@ -15,6 +15,7 @@ class Decision:
     a request the guardrail sent one rung up to test whether a fallen-back slice recovered.
     An empty ``rungs`` means no ladder serves the model. ``epoch`` is the version of the
     slice's guardrail state the decision read: outcomes are judged only in their own epoch.
+    ``arm`` names the experiment arm a request of an experiment's rule was assigned to.
     """
 
     rule: str
@@ -27,3 +28,4 @@ class Decision:
     shadow_to: str | None = None
     probe: bool = False
     epoch: int = 0
+    arm: str = ""

@@ -31,9 +31,11 @@ class Features:
 
     ``endpoint`` is the HTTP path, or the product endpoint a caller names in the
     ``x-speclane-endpoint`` header. ``temperature`` and ``top_p`` already hold the backend's
-    defaults when the request left them out. ``routing_key`` is what percentage rollouts hash:
-    the user id when the request has one, else the tenant, else the request id, so a user
-    stays in one arm.
+    defaults when the request left them out. ``tenant`` comes from a source the operator
+    trusts (``gateway/identity.py``), never from the body. ``routing_key`` is what percentage
+    rollouts hash: the tenant and the user id when the request names a user (a user id is
+    scoped by its tenant), else the tenant when it is known, else a pseudonym of the API key,
+    else the request id, so a user stays in one arm.
     """
 
     endpoint: str
@@ -50,6 +52,7 @@ class Features:
     n: int = 1
     tenant: str = ""
     routing_key: str = ""
+    request_id: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -1,5 +1,18 @@
 """The guardrail: the per-slice state machine that moves a slice down and up its ladder.
 
+Economic mode (the default; ``step_economic``): a slice on rung r falls to r+1 when r+1 is
+cheaper per output token with confidence (``policies/economics.py``), and comes back when r
+is cheaper again: at once after ``cooldown_s`` when its tokens per step on r are still in
+the window (a load surge that ended), else through probes. After ``cooldown_s`` a
+fallen-back slice probes rung r continuously: a share of its requests (hashed by request
+id, never by client) sized by an expected-loss budget (``probe_share``: a slice barely
+dearer on r probes more than one three times dearer) and by a longest wait between probes
+(``max_cooldown_s``), so recovery after a healing takes bounded time as well as bounded
+requests. The probes are judged newest first (1, 2, 4, 8, 16 of them), so probes taken
+during a collapse do not hold back a recovery once the newest ones show the healing.
+
+Threshold mode (``step``):
+
     on rung r --(judged below the bar, with min_samples)--> fallen back to r+1
     fallen back --(cooldown_s passed)--> probing rung r (probe_fraction of the slice, or mirrors)
     fallen back or probing on r+1 --(r+1 judged below the bar too)--> fallen back to r+2
@@ -17,8 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from policies.model import Guardrail, GuardrailMode
+from policies.economics import Judgement
+from policies.model import Guardrail, GuardrailMode, ProbeMode
 from policies.speedup import draft_rate_to_token_rate, expected_speedup
+
+MAX_PROBE_SHARE = 0.5
 
 
 class Phase(StrEnum):
@@ -29,12 +45,22 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SliceState:
-    """Where a slice stands: ``offset`` rungs below its rule's start rung, in ``phase``."""
+    """Where a slice stands: ``offset`` rungs below its rule's start rung, in ``phase``.
+    ``rounds`` counts probe rounds that failed since the fall (the backoff), and
+    ``probe_share`` is the share of the slice's requests probing while ``PROBING``.
+    ``explore`` is a share of requests sent one rung *down* while the slice's judgement
+    hinges on that pool's step time (it has served too little lately to be sure of):
+    served there when ``explore_live`` (that rung is at least as cheap on the point
+    estimate), else mirrored there while the serving rung answers."""
 
     offset: int = 0
     phase: Phase = Phase.ON
     since: float = 0.0
     version: int = 0
+    rounds: int = 0
+    probe_share: float = 0.0
+    explore: float = 0.0
+    explore_live: bool = False
 
 
 ON_START = SliceState()
@@ -100,7 +126,9 @@ def step(
             return fell
     if state.phase is Phase.FALLEN_BACK:
         if now - state.since >= config.cooldown_s:
-            after = SliceState(state.offset, Phase.PROBING, now, state.version + 1)
+            after = SliceState(
+                state.offset, Phase.PROBING, now, state.version + 1, 0, config.probe_fraction
+            )
             return after, Transition(slice_key, now, state, after, "cooldown over: probing")
         return state, None
     if state.phase is Phase.PROBING:
@@ -173,6 +201,82 @@ def _score(evidence: Evidence, k: int, config: Guardrail) -> tuple[float | None,
     estimate = expected_speedup(a, k, config.draft_cost_ratio)
     numbers["expected_speedup"] = estimate
     return estimate, numbers
+
+
+@dataclass(frozen=True, slots=True)
+class Economics:
+    """What live statistics say about one slice for the economic step.
+
+    ``below``: the serving rung against the one below it (None on the last rung or
+    without evidence). ``above``: the rung above against the serving one, from everything
+    in the window. ``probes``: the same from the newest probes since probing began alone
+    (``probe_count`` of them). ``rate``: the slice's requests per second.
+    """
+
+    below: Judgement | None = None
+    above: Judgement | None = None
+    probes: Judgement | None = None
+    probe_count: int = 0
+    rate: float = 0.0
+
+
+def step_economic(
+    slice_key: str, state: SliceState, seen: Economics, config: Guardrail, now: float
+) -> tuple[SliceState, Transition | None]:
+    """Advance one slice in economic mode (module docstring). A changed state without a
+    transition is a new probe share."""
+    if seen.below is not None and seen.below.verdict < 0:
+        after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
+        return after, _event(slice_key, now, state, after, seen.below, "cheaper below")
+    if state.offset == 0:
+        return state, None
+    ready = now - state.since >= config.cooldown_s or state.phase is Phase.PROBING
+    for judged in (seen.probes, seen.above):
+        if ready and judged is not None and judged.verdict > 0:
+            offset = state.offset - 1
+            after = SliceState(
+                offset, Phase.ON if offset == 0 else Phase.FALLEN_BACK, now, state.version + 1
+            )
+            return after, _event(slice_key, now, state, after, judged, "cheaper above")
+    if not ready:
+        return state, None
+    share = probe_share(seen, config)
+    if state.phase is Phase.PROBING:
+        return (state, None) if share == state.probe_share else (_share(state, share), None)
+    after = SliceState(state.offset, Phase.PROBING, now, state.version + 1, probe_share=share)
+    reason = f"probing: {share:.1%} of requests to the rung above"
+    return after, Transition(slice_key, now, state, after, reason, {"probe_share": share})
+
+
+def probe_share(seen: Economics, config: Guardrail) -> float:
+    """The share of a fallen-back slice's requests that probe the rung above: what the
+    ``probe_budget`` buys at the rung's last known cost ratio r (a live probe loses r - 1 of
+    a request, a mirrored one r), but at least one probe every ``max_cooldown_s`` so that
+    a quiet slice recovers in bounded time, and at most ``MAX_PROBE_SHARE``. Rounded to two
+    significant digits, so that it does not change with every request."""
+    judged = seen.probes if seen.probes is not None else seen.above
+    ratio = judged.ratio if judged is not None else 2.0
+    loss = ratio if config.probe is ProbeMode.SHADOW else ratio - 1.0
+    share = config.probe_budget / max(loss, config.probe_budget / MAX_PROBE_SHARE)
+    if config.max_cooldown_s > 0:
+        share = max(share, 1.0 / (max(seen.rate, 1e-9) * config.max_cooldown_s))
+    share = min(share, MAX_PROBE_SHARE)
+    return float(f"{share:.2g}")
+
+
+def _share(state: SliceState, share: float) -> SliceState:
+    return replace(state, probe_share=share)
+
+
+def _event(
+    slice_key: str,
+    now: float,
+    before: SliceState,
+    after: SliceState,
+    judged: Judgement,
+    why: str,
+) -> Transition:
+    return Transition(slice_key, now, before, after, f"{why}: {judged.reason}", judged.numbers)
 
 
 def reset_on_reload(state: SliceState, ladder_rungs_below_start: int) -> SliceState:

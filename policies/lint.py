@@ -40,7 +40,7 @@ class Report:
         return [p.render(self.filename) for p in self.problems]
 
 
-def lint(text: str, filename: str = "<policy>") -> Report:
+def lint(text: str | bytes, filename: str = "<policy>") -> Report:
     """Read, validate and check one policy file; every problem, in file order."""
     got = read(text)
     if not isinstance(got.raw, dict):

@@ -4,7 +4,13 @@ YAML is composed into nodes (PyYAML keeps their marks), turned into plain values
 position of every key and value is recorded by path, and validated by the pydantic models.
 pydantic's errors are rewritten into one problem per place, in words an operator knows
 (``expected 'present', 'absent' or {names: [...]}``, ``unknown key 'temperatur'`` with a
-"did you mean"). Pure: takes text, not a path.
+"did you mean"). Pure: takes text or bytes, not a path.
+
+Any input gives values or problems, never an exception, in bounded time and memory: bytes
+that are not UTF-8, control characters and every other YAML error become problems; a file
+over ``MAX_BYTES``, nesting deeper than ``MAX_DEPTH`` (checked on the parser's events before
+anything recursive runs: libyaml's composer would overflow the C stack) and aliases that
+expand to more than ``MAX_VALUES`` values (a "billion laughs" file) are refused.
 """
 
 from __future__ import annotations
@@ -23,6 +29,15 @@ try:  # the C loader is much faster; fall back where libyaml is missing
     from yaml import CSafeLoader as _Loader
 except ImportError:  # pragma: no cover
     from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+
+
+MAX_BYTES = 512 * 1024
+MAX_DEPTH = 64
+MAX_VALUES = 50_000
+
+
+class _TooMany(Exception):
+    """More values than ``MAX_VALUES``: aliases expanding without bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +91,32 @@ class _Builder:
         self.values: dict[Path, tuple[int, int]] = {}
         self.problems: list[Problem] = []
         self._scalars = _Loader("")
+        self._built = 0
 
     def close(self) -> None:
         self._scalars.dispose()
 
     def build(self, node: yaml.Node, path: Path) -> Any:
+        self._built += 1
+        if self._built > MAX_VALUES:
+            raise _TooMany
         self.values[path] = _mark(node)
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
-        return self._scalars.construct_object(node, deep=True)
+        return self._scalar(node, path)
+
+    def _scalar(self, node: yaml.Node, path: Path) -> Any:
+        """The node's value; one YAML cannot construct (an unknown tag, a date that does not
+        exist, an integer of thousands of digits) is a problem, and None."""
+        try:
+            return self._scalars.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
+            problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else str(exc)
+            message = f"cannot read this value: {problem}"
+            self.problems.append(Problem(path, message, code="yaml").at(*_mark(node)))
+            return None
 
     def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -96,7 +126,7 @@ class _Builder:
                 problem = Problem(path, "a key must be a plain word", code="bad-key")
                 self.problems.append(problem.at(line, column))
                 continue
-            key = str(self._scalars.construct_object(key_node))
+            key = str(self._scalar(key_node, path))
             child = (*path, key)
             if key in out:
                 first = self.keys[child]
@@ -109,21 +139,28 @@ class _Builder:
         return out
 
 
-def read(text: str) -> Read:
-    """Compose the YAML and record positions; YAML errors come back as problems."""
+def read(text: str | bytes) -> Read:
+    """Compose the YAML and record positions; every fault of the input comes back as
+    problems, never as an exception."""
     empty = Positions({}, {})
+    decoded = decode(text)
+    if isinstance(decoded, Problem):
+        return Read(None, empty, [decoded])
     try:
-        node = yaml.compose(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problem = Problem((), f"not valid YAML: {exc.problem or exc}", code="yaml")
-        return Read(None, empty, [problem.at(line, column)])
+        refused = _refused(decoded)
+        node = refused or yaml.compose(decoded, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        return Read(None, empty, [_yaml_problem(exc, decoded)])
+    if isinstance(node, Problem):
+        return Read(None, empty, [node])
     if node is None:
         return Read(None, empty, [Problem((), "the file is empty", code="empty").at(1, 1)])
     builder = _Builder()
     try:
         raw = builder.build(node, ())
+    except _TooMany:
+        message = f"the file expands to more than {MAX_VALUES} values (through aliases)"
+        return Read(None, empty, [Problem((), message, code="too-large").at(1, 1)])
     finally:
         builder.close()
     positions = Positions(builder.keys, builder.values)
@@ -134,6 +171,59 @@ def read(text: str) -> Read:
     return Read(raw, positions, problems)
 
 
+def decode(data: str | bytes) -> str | Problem:
+    """The file's text: UTF-8 (a byte order mark is dropped), at most ``MAX_BYTES``."""
+    if len(data) > MAX_BYTES:
+        message = f"the file is larger than {MAX_BYTES // 1024} KiB"
+        return Problem((), message, code="too-large").at(1, 1)
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        message = f"not UTF-8 text: byte 0x{data[exc.start]:02x} is not part of a character"
+        return Problem((), message, "save the file as UTF-8", code="encoding").at(line, column)
+
+
+def _refused(text: str) -> Problem | None:
+    """Nesting deeper than ``MAX_DEPTH`` or more than ``MAX_VALUES`` values, found on the
+    parser's events (no recursion)."""
+    depth = values = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            continue
+        values += isinstance(event, yaml.NodeEvent)
+        depth += isinstance(event, yaml.CollectionStartEvent)
+        if depth > MAX_DEPTH or values > MAX_VALUES:
+            message = (
+                f"nested deeper than {MAX_DEPTH} levels"
+                if depth > MAX_DEPTH
+                else f"more than {MAX_VALUES} values"
+            )
+            mark = event.start_mark
+            line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            return Problem((), message, code="too-large").at(line, column)
+    return None
+
+
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> Problem:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        return Problem((), f"not valid YAML: {exc.problem or exc}", code="yaml").at(line, column)
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        message = f"not valid YAML: character {char!r} is not allowed"
+        return Problem((), message, code="yaml").at(line, column)
+    return Problem((), f"not valid YAML: {exc}", code="yaml").at(1, 1)
+
+
 def validate(raw: dict[str, Any], positions: Positions) -> tuple[PolicyFile | None, list[Problem]]:
     """The validated policy, or None and one placed problem per place that is wrong."""
     try:
@@ -142,7 +232,7 @@ def validate(raw: dict[str, Any], positions: Positions) -> tuple[PolicyFile | No
         return None, explain_errors(exc, raw, positions)
 
 
-def parse(text: str, filename: str = "<policy>") -> Loaded:
+def parse(text: str | bytes, filename: str = "<policy>") -> Loaded:
     """Parse and validate one policy file; raise ``PolicyError`` listing every error."""
     got = read(text)
     policy, problems = (None, []) if got.problems else validate(got.raw, got.positions)
@@ -208,9 +298,11 @@ _BOUNDS = {
     "less_than": "<",
     "less_than_equal": "<=",
 }
+_KEY_HASH = "^sha256:[0-9a-f]{64}$"
 _PATTERN_HINTS = {
     "^https?://": "an endpoint is a base URL such as http://vllm-spec:8000",
     "^[A-Za-z0-9_.:-]+$": "use letters, digits and _ . : -",
+    _KEY_HASH: "give the key's hash, never the key: speclane policy hash-key",
 }
 
 
@@ -223,8 +315,12 @@ def _words(kind: str, error: Any, place: schema.Place) -> tuple[str, str, str]:
         return f"must be {_BOUNDS[kind]} {bound}, got {got}", "", "bounds"
     if kind in ("too_short", "string_too_short"):
         return f"needs at least {ctx.get('min_length', 1)} item(s)", "", "bounds"
+    if kind in ("too_long", "string_too_long"):
+        return f"has more than {ctx.get('max_length')} item(s)", "", "bounds"
     if kind == "string_pattern_mismatch":
         pattern = str(ctx.get("pattern", ""))
+        if pattern == _KEY_HASH:  # maybe a key in the clear: never repeat it in a log
+            got = "this value"
         return f"{got} does not match {pattern}", _PATTERN_HINTS.get(pattern, ""), "pattern"
     if place.expected is None:
         return str(error["msg"]), "", "type"

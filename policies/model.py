@@ -8,7 +8,7 @@ ladder that ends on a standard pool) are in ``policies/checks.py``. Pure; no I/O
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,6 +17,8 @@ from policies.features import ResponseFormat
 SHADOW = "shadow"
 STANDARD = "standard"
 KILL_SWITCH = "speculation"
+ANONYMOUS = "anonymous"  # the tenant of a request with no API key the policy knows
+MAX_RULES = 1000  # lint compares every rule with those before it
 
 
 class _Strict(BaseModel):
@@ -26,6 +28,30 @@ class _Strict(BaseModel):
 class PoolKind(StrEnum):
     SPECULATIVE = "speculative"
     STANDARD = "standard"
+
+
+class Engine(StrEnum):
+    """The serving engine behind a pool; it decides what speculation speclane can see
+    (``policies/engines.py``)."""
+
+    VLLM = "vllm"
+    VLLM_NEURON = "vllm-neuron"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class Method(StrEnum):
+    """How a speculative pool drafts (vLLM's ``speculative_config.method``; the other
+    engines' names map onto these)."""
+
+    NGRAM = "ngram"
+    DRAFT_MODEL = "draft_model"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MEDUSA = "medusa"
+    MLP_SPECULATOR = "mlp_speculator"
+    SUFFIX = "suffix"
+    MTP = "mtp"
 
 
 class Timeouts(_Strict):
@@ -52,20 +78,36 @@ class Pool(_Strict):
         "reports none per request; turn off for servers that merge engine steps into one "
         "chunk (vLLM --stream-interval > 1), then the pool's counters or speed are used",
     )
-    passthrough_non_streaming: bool = Field(
-        False,
-        description="send a client's non-streaming request upstream as it is and pass the "
-        "answer through untouched: cheaper than streaming and assembling, but such requests "
-        "yield no TTFT or time per output token, and acceptance only from vLLM's per-request "
-        "metrics (--per-request-spec-decode-metrics), so use it only on pools that report them",
+    passthrough_non_streaming: bool | None = Field(
+        None,
+        description="how a client's non-streaming request reaches the pool. Left out: a "
+        "standard pool, or a speculative pool whose answers carry vLLM's per-request "
+        "metrics (--per-request-spec-decode-metrics, detected from its answers), gets it as "
+        "it is and its answer passes through untouched; other speculative pools get it "
+        "streamed, to count tokens per chunk, and speclane assembles the answer. true: always "
+        "pass through; false: always assemble. Requests a stream cannot carry exactly "
+        "(n > 1, prompt_logprobs, echo, beam search, tool calls, several prompts) always "
+        "pass through",
     )
     discovery: Literal["none", "dns"] = Field(
         "none",
         description="dns: resolve each endpoint's host to all its addresses (a Kubernetes "
-        "headless Service) and treat each address as an endpoint, so breakers and "
+        "headless Service) and treat each address as an endpoint, so outlier ejection and "
         "least-outstanding choice act per server; re-resolved in the background",
     )
     cost_per_hour: Annotated[float, Field(ge=0)] | None = None
+    engine: Engine = Field(
+        Engine.VLLM,
+        description="the serving engine: vllm, vllm-neuron (Trainium/Inferentia), sglang or "
+        "trtllm. It decides which acceptance signal speclane reads and which guardrail "
+        "modes the pool can feed",
+    )
+    method: Method | None = Field(
+        None,
+        description="how a speculative pool drafts: ngram, draft_model, eagle, eagle3, "
+        "medusa, mlp_speculator, suffix or mtp (informational; lint warns when the engine "
+        "does not run it)",
+    )
 
     @model_validator(mode="after")
     def _k_matches_kind(self) -> Pool:
@@ -73,6 +115,8 @@ class Pool(_Strict):
             raise ValueError("a speculative pool needs num_speculative_tokens (its k)")
         if self.kind is PoolKind.STANDARD and self.num_speculative_tokens is not None:
             raise ValueError("a standard pool has no num_speculative_tokens")
+        if self.kind is PoolKind.STANDARD and self.method is not None:
+            raise ValueError("a standard pool has no speculation method")
         return self
 
 
@@ -112,6 +156,7 @@ class Match(_Strict):
 
 
 class GuardrailMode(StrEnum):
+    ECONOMIC = "economic"
     THRESHOLD = "threshold"
     SPEEDUP = "speedup"
 
@@ -124,24 +169,33 @@ class ProbeMode(StrEnum):
 class Guardrail(_Strict):
     """When a slice falls back one rung, and when it may come back.
 
-    ``threshold`` mode compares the windowed draft acceptance rate with ``min_acceptance``
-    and ``recover_above``. ``speedup`` mode compares the expected wall-time speed-up
-    (Leviathan et al. 2023, from acceptance, k and ``draft_cost_ratio``), or the measured
-    time-per-output-token ratio against the standard pool when there is one, with
-    ``min_speedup`` and ``recover_speedup``.
+    ``economic`` (the default) compares the expected cost per output token of the rung a
+    slice is on with the rung below (and, when fallen back, with the rung above) at the
+    pools' current load: tokens per engine step measured for the slice, each pool's step
+    time learned from its traffic as a function of its batch, and ``cost_per_hour``. A
+    slice moves when the other rung is cheaper with ``confidence``. ``speedup`` is an older
+    name for it. ``threshold`` compares the windowed draft acceptance rate with
+    ``min_acceptance`` and ``recover_above`` (where drafts are visible).
     """
 
-    mode: GuardrailMode = GuardrailMode.THRESHOLD
+    mode: GuardrailMode = GuardrailMode.ECONOMIC
     min_acceptance: Annotated[float, Field(ge=0, le=1)] = 0.55
     recover_above: Annotated[float, Field(ge=0, le=1)] = 0.62
-    min_samples: Annotated[int, Field(ge=1)] = 30
-    window_s: Annotated[float, Field(gt=0)] = 120.0
+    min_samples: Annotated[int, Field(ge=1)] = 3
+    window_s: Annotated[float, Field(gt=0)] = 300.0
     cooldown_s: Annotated[float, Field(ge=0)] = 30.0
+    max_cooldown_s: Annotated[float, Field(ge=0)] = 480.0
     probe_fraction: Annotated[float, Field(ge=0, le=1)] = 0.05
     probe: ProbeMode = ProbeMode.LIVE
+    probe_budget: Annotated[float, Field(ge=0, le=1)] = 0.01
+    confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.999
     min_speedup: Annotated[float, Field(gt=0)] = 1.0
     recover_speedup: Annotated[float, Field(gt=0)] = 1.1
-    draft_cost_ratio: Annotated[float, Field(ge=0, le=1)] = 0.05
+    draft_cost_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+
+    @property
+    def economic(self) -> bool:
+        return self.mode is not GuardrailMode.THRESHOLD
 
 
 class GuardrailOverride(_Strict):
@@ -153,8 +207,11 @@ class GuardrailOverride(_Strict):
     min_samples: Annotated[int, Field(ge=1)] | None = None
     window_s: Annotated[float, Field(gt=0)] | None = None
     cooldown_s: Annotated[float, Field(ge=0)] | None = None
+    max_cooldown_s: Annotated[float, Field(ge=0)] | None = None
     probe_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
     probe: ProbeMode | None = None
+    probe_budget: Annotated[float, Field(ge=0, le=1)] | None = None
+    confidence: Annotated[float, Field(ge=0.5, lt=1)] | None = None
     min_speedup: Annotated[float, Field(gt=0)] | None = None
     recover_speedup: Annotated[float, Field(gt=0)] | None = None
     draft_cost_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -177,12 +234,48 @@ class FlagDefault(_Strict):
     description: str = ""
 
 
-class Rule(_Strict):
-    """Traffic that matches ``match`` starts on rung ``start``. First match wins."""
+ApiKeyHash = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
+
+class Tenant(_Strict):
+    """A tenant: the API keys that are its (SHA-256 hashes, never the keys), and how many
+    of its requests may be in flight at once."""
+
+    api_keys: list[ApiKeyHash] = Field(
+        [],
+        description="sha256:<hex> of each key (speclane policy hash-key prints it); a request "
+        "with one of these keys as its bearer token belongs to this tenant",
+    )
+    max_concurrent_requests: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="requests of this tenant in flight at once; more get 429 with Retry-After "
+        "(default: SPECLANE_MAX_REQUESTS_PER_TENANT)",
+    )
+
+
+class Experiment(_Strict):
+    """An A/B split of a rule's traffic between two rungs, stable per user within a tenant.
+    The upper arm is the one the guardrail protects (the rule's ``start``)."""
+
+    arms: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=2, max_length=2)]
+    split: Annotated[float, Field(ge=0, le=100)] = 50.0
+
+
+def _start_or_experiment(schema: dict[str, Any]) -> None:
+    """For editors: ``start`` is needed unless an experiment names the arms."""
+    schema["required"] = [k for k in schema.get("required", []) if k != "start"]
+    schema["anyOf"] = [{"required": ["start"]}, {"required": ["experiment"]}]
+
+
+class Rule(_Strict):
+    """Traffic that matches ``match`` starts on rung ``start``. First match wins. With an
+    ``experiment``, ``start`` may be left out: it is the first arm."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_start_or_experiment)
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
     match: Match = Match()
     start: Annotated[str, Field(min_length=1)]
+    experiment: Experiment | None = None
     shadow_fraction: Annotated[float, Field(ge=0, le=1)] = 0.05
     shadow_to: str | None = None
     flag: str | None = None
@@ -190,12 +283,28 @@ class Rule(_Strict):
     guardrail: GuardrailOverride | None = None
     description: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _start_from_arms(cls, data: object) -> object:
+        if isinstance(data, dict) and "start" not in data:
+            experiment = data.get("experiment")
+            arms = experiment.get("arms") if isinstance(experiment, dict) else None
+            if isinstance(arms, list) and arms and isinstance(arms[0], str):
+                return {**data, "start": arms[0]}
+        return data
+
 
 class Bands(_Strict):
     """Band edges that split a rule's traffic into slices, in ascending order."""
 
     temperature: list[float] = [0.3, 0.9]
     context_tokens: list[int] = [4000, 16000]
+    tool_schemas: Annotated[int, Field(ge=0, le=256)] = Field(
+        64,
+        description="requests offering tools are sliced by a hash of their tool names and "
+        "schemas into this many buckets (0: not at all), so one tool schema with low "
+        "acceptance moves alone",
+    )
 
 
 class PolicyFile(_Strict):
@@ -208,4 +317,5 @@ class PolicyFile(_Strict):
     slices: Bands = Bands()
     guardrail: Guardrail = Guardrail()
     flags: dict[str, FlagDefault] = {}
-    rules: Annotated[list[Rule], Field(min_length=1)]
+    tenants: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")], Tenant] = {}
+    rules: Annotated[list[Rule], Field(min_length=1, max_length=MAX_RULES)]

@@ -25,18 +25,29 @@ from policies.problems import Path
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 _GUARDRAIL = {
-    "mode": "threshold: judge draft acceptance; speedup: judge the expected or measured "
-    "speed-up over standard decoding",
-    "min_acceptance": "fall back one rung when windowed draft acceptance is below this",
-    "recover_above": "come back up after a probe whose acceptance is above this",
-    "min_samples": "requests a window needs before the guardrail judges it",
+    "mode": "economic (default): move a slice when the other rung is cheaper per output token "
+    "at the current load, with confidence; threshold: judge the draft acceptance rate against "
+    "min_acceptance/recover_above; speedup: an older name for economic",
+    "min_acceptance": "threshold mode: fall back one rung when windowed draft acceptance is "
+    "below this",
+    "recover_above": "threshold mode: come back up after a probe whose acceptance is above this",
+    "min_samples": "measured requests the newest span needs before it is judged",
     "window_s": "seconds of live statistics a judgement looks at",
-    "cooldown_s": "seconds a fallen-back slice waits before probing the rung above",
-    "probe_fraction": "share of a fallen-back slice sent (or mirrored) to the rung above",
+    "cooldown_s": "seconds a fallen-back slice waits before coming back or probing",
+    "max_cooldown_s": "economic mode: the longest a fallen-back slice goes without a probe "
+    "(its probe share is at least one request in this many seconds); threshold mode: unused",
+    "probe_fraction": "threshold mode: the share of a probing slice's requests sent (or "
+    "mirrored) to the rung above; economic mode: the most of a slice's requests sent to a "
+    "pool below to learn its step time",
     "probe": "live: serve probes from the rung above; shadow: mirror them instead",
-    "min_speedup": "speedup mode: fall back below this speed-up",
-    "recover_speedup": "speedup mode: come back up above this speed-up",
-    "draft_cost_ratio": "cost of one draft step relative to one target step (c)",
+    "probe_budget": "economic mode: the share of a fallen-back slice's cost its probes may "
+    "add in expectation (probes of a rung barely dearer are many, of one far dearer few)",
+    "confidence": "economic mode: how sure the guardrail must be that the other rung is "
+    "cheaper before it moves a slice (one-sided)",
+    "min_speedup": "ignored: economic mode judges cost, not a speed-up bar",
+    "recover_speedup": "ignored: economic mode judges cost, not a speed-up bar",
+    "draft_cost_ratio": "cost of one draft pass relative to one target pass (c): the prior "
+    "for a pool's step time before it has served anything",
 }
 _RANGE = "an inclusive range {min: ..., max: ...}; either end may be left out"
 
@@ -49,6 +60,7 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "slices": "band edges that split each rule's traffic into slices",
         "guardrail": "when a slice falls back one rung, and when it may come back",
         "flags": "flags the rules refer to, with their values until ops change them",
+        "tenants": "tenant name -> its API keys (hashed) and its cap of requests in flight",
         "rules": "first match wins; the last rule must match everything",
     },
     m.Pool: {
@@ -102,6 +114,13 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "rollout": "speculation only for this percentage of routing keys",
         "guardrail": "changes to the policy's guardrail for this rule",
         "description": "what the rule is for",
+        "experiment": "an A/B split of this rule's traffic between two rungs, stable per user "
+        "within a tenant: {arms: [upper, lower], split: percent on the first}",
+    },
+    m.Experiment: {
+        "arms": "two rungs, the upper (speculative, guarded) one first; 'standard' names the "
+        "ladder's standard pool",
+        "split": "percent of the rule's users on the first arm (default 50)",
     },
     m.Bands: {
         "temperature": "ascending temperature band edges",

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
-from gateway.app import build_services, create_app
+from gateway.server.app import build_services, create_app
 from gateway.services import Services
 from gateway.settings import Settings
 from tests.servers import serving
@@ -47,6 +47,26 @@ pools:
 ladder: [spec, standard]
 {extra}
 {rules}
+"""
+
+
+def sim_policy(*, spec: str = "", standard: str = "", start: str = "spec") -> str:
+    """The usual two-pool policy in front of ``sim_stack``'s simulators (model qwen3-32b),
+    ``{spec}`` and ``{std}`` left for it to fill; ``spec`` and ``standard`` add keys to a
+    pool (``"passthrough_non_streaming: false"``)."""
+    escaped = {
+        name: keys.replace("{", "{{").replace("}", "}}")
+        for name, keys in (("s", spec), ("t", standard))
+    }
+    extra = {name: f", {keys}" if keys else "" for name, keys in escaped.items()}
+    return f"""
+version: 1
+pools:
+  spec: {{{{kind: speculative, model: qwen3-32b, num_speculative_tokens: 4,
+          endpoints: ["{{spec}}"]{extra["s"]}}}}}
+  standard: {{{{kind: standard, model: qwen3-32b, endpoints: ["{{std}}"]{extra["t"]}}}}}
+ladder: [spec, standard]
+rules: [{{{{name: default, start: {start}}}}}]
 """
 
 

@@ -25,7 +25,8 @@ def _reachable(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            answer = s.recv(64)
+            return answer.startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -45,9 +46,10 @@ def namespace() -> str:
 class PrivateRedis:
     """A redis-server of our own on a free port, started and stopped at will."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -67,6 +69,7 @@ class PrivateRedis:
                 "",
                 "--appendonly",
                 "no",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -85,8 +88,8 @@ class PrivateRedis:
 
 
 @contextmanager
-def private_redis() -> Iterator[PrivateRedis]:
-    server = PrivateRedis()
+def private_redis(password: str | None = None) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(password)
     server.start()
     try:
         yield server

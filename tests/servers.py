@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
@@ -43,3 +47,18 @@ async def serving(app: ASGIApp, port: int | None = None) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+async def wait_healthy(url: str, process: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:
+    """Poll ``url``/healthz until it answers 200; fail at once if ``process`` exits."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, f"the server exited ({process.returncode})"
+            try:
+                if (await client.get(url + "/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{url} was not healthy within {timeout_s:.0f} s")

@@ -46,3 +46,44 @@ def test_policies_never_read_the_clock():
             )
             if reads:
                 pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno} reads the clock")
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """Every module of ``package`` and the package modules it imports, anywhere in its body
+    (imports inside functions count: a deferred import is still a dependency)."""
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / package).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in modules and t != name}
+        graph[name] = deps
+    return graph
+
+
+@pytest.mark.parametrize("package", ["gateway", "policies", "backends"])
+def test_no_import_cycles(package):
+    graph = _module_graph(package)
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycle = trail[trail.index(name) :] + [name]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

@@ -65,15 +65,22 @@ class EventStream(Response):
 
 
 class DeferredJSON(Response):
-    """A JSON body that is ready only when ``produce`` returns; gives up if the client leaves."""
+    """A JSON body that is ready only when ``produce`` returns; gives up if the client leaves.
+
+    ``cut`` breaks it halfway through the body: ``"drop"`` returns there, so the server
+    drops the connection; ``"stall"`` goes silent until the client leaves."""
 
     media_type = "application/json"
 
     def __init__(
-        self, produce: Callable[[], Awaitable[bytes]], on_close: Callable[[], None]
+        self,
+        produce: Callable[[], Awaitable[bytes]],
+        on_close: Callable[[], None],
+        cut: str | None = None,
     ) -> None:
         self._produce = produce
         self._on_close = on_close
+        self._cut = cut
         self.status_code = 200
         self.background = None
         self.body = b""
@@ -87,6 +94,14 @@ class DeferredJSON(Response):
             if not self.body:  # the client left first
                 return
             self.init_headers()
-            await super().__call__(scope, receive, send)
+            if self._cut is None:
+                await super().__call__(scope, receive, send)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            half = self.body[: len(self.body) // 2]
+            await send({"type": "http.response.body", "body": half, "more_body": True})
+            if self._cut == "stall":
+                while (await receive())["type"] != "http.disconnect":
+                    pass
         finally:
             self._on_close()

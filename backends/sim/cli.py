@@ -16,6 +16,8 @@ from typing import Any
 import uvicorn
 
 from backends.sim.config import Faults, Mode, SimConfig, parse_drift
+from backends.sim.dialects import SimEngine
+from backends.sim.model import Method
 from backends.sim.server import create_app, uvicorn_config
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ def _fault_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--spike-s", type=float, default=1.0, help="length of a spike (seconds)")
     group.add_argument("--die-rate", type=float, default=0.0, help="drop a stream mid-way")
     group.add_argument("--die-after-chunks", type=int, default=3, help="chunks before a drop")
+    group.add_argument("--stall-rate", type=float, default=0.0, help="go silent mid-stream")
+    group.add_argument("--hang-rate", type=float, default=0.0, help="never answer")
     group.add_argument("--overloaded", action="store_true", help="answer every request 503")
 
 
@@ -47,6 +51,13 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--port", type=int, default=8101)
     add("--mode", choices=[m.value for m in Mode], default=Mode.SPECULATIVE.value)
     add("--k", type=int, default=4, help="num_speculative_tokens")
+    add(
+        "--method",
+        choices=[m.value for m in Method],
+        default=Method.DRAFT_MODEL.value,
+        help="proposer: a draft model drafts k every step; ngram only where the context "
+        "repeats, and a step without a match drafts nothing",
+    )
     add("--model", action="append", dest="models", help="served model name (repeatable)")
     add("--seed", type=int, default=0)
     add("--max-num-seqs", type=int, default=256)
@@ -63,9 +74,37 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="counters only, like vLLM without --per-request-spec-decode-metrics",
     )
-    add("--stream-interval", type=int, default=1, help="engine steps per SSE chunk")
+    add(
+        "--enable-per-request-metrics",
+        action="store_true",
+        dest="timing_metrics",
+        help="TTFT, decode time and inter-token latency in every answer's metrics",
+    )
+    add("--stream-interval", type=int, default=1, help="tokens held back per SSE chunk")
+    add(
+        "--engine",
+        choices=[e.value for e in SimEngine],
+        default=SimEngine.VLLM.value,
+        help="the server to play: vllm, vllm-neuron (no drafts counted, nothing per request), "
+        "sglang or trtllm (their stream shapes and metrics pages)",
+    )
+    add(
+        "--acceptance-rate-threshold",
+        type=float,
+        default=None,
+        help="trtllm: turn speculation off for good when the rolling draft acceptance of the "
+        "last --acceptance-rate-window-size finished requests falls below this",
+    )
+    add("--acceptance-rate-window-size", type=int, default=0)
+    add(
+        "--no-prometheus",
+        action="store_false",
+        dest="prometheus",
+        help="trtllm: no /prometheus/metrics (a server without return_perf_metrics)",
+    )
     add("--default-max-tokens", type=int, default=256)
     add("--max-model-len", type=int, default=32768)
+    add("--max-logprobs", type=int, default=20)
     _fault_options(parser)
     parser.set_defaults(handler=run)
     return parser
@@ -78,11 +117,14 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         spike_s=args.spike_s,
         die_rate=args.die_rate,
         die_after_chunks=args.die_after_chunks,
+        stall_rate=args.stall_rate,
+        hang_rate=args.hang_rate,
         overloaded=args.overloaded,
     )
     return SimConfig(
         mode=Mode(args.mode),
         k=args.k,
+        method=Method(args.method),
         served_model_names=tuple(args.models or ("qwen3-32b",)),
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
@@ -92,9 +134,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         faults=faults,
         report_spec_metrics=not args.no_spec_metrics,
         per_request_metrics=not args.no_per_request_metrics,
+        timing_metrics=args.timing_metrics,
         stream_interval=args.stream_interval,
         default_max_tokens=args.default_max_tokens,
         max_model_len=args.max_model_len,
+        max_logprobs=args.max_logprobs,
+        engine=SimEngine(args.engine),
+        acceptance_rate_threshold=args.acceptance_rate_threshold,
+        acceptance_rate_window_size=args.acceptance_rate_window_size,
+        prometheus=args.prometheus,
     )
 
 
@@ -105,7 +153,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         logger.error("bad sim configuration: %s", exc)
         return 2
-    logger.info("simulated vLLM (%s, k=%d) on %s:%d", config.mode, config.k, args.host, args.port)
+    logger.info(
+        "simulated vLLM (%s, %s, k=%d) on %s:%d",
+        config.mode,
+        config.method,
+        config.k,
+        args.host,
+        args.port,
+    )
     server = uvicorn.Server(uvicorn_config(create_app(config), args.host, args.port, loop="uvloop"))
     server.run()
     return 0

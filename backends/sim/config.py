@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from backends.sim.model import AcceptanceModel, CostModel, DriftPoint
+from backends.sim.dialects import SimEngine
+from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method
 from backends.sim.workload import Workload
 
 
@@ -27,8 +28,15 @@ class Faults:
     ``error_rate``: answer 500 before the first byte. ``spike_rate`` / ``spike_s``: wait
     ``spike_s`` (scaled by ``time_scale``) before the first byte. ``die_rate`` /
     ``die_after_chunks``: a streamed answer's connection drops after that many SSE chunks,
-    with no ``[DONE]``. ``overloaded``: every request gets 503. ``greedy_mismatch``: the
+    with no ``[DONE]``, a whole answer's halfway through its body. ``stall_rate``: a
+    streamed answer goes silent after ``die_after_chunks`` chunks, a whole one halfway
+    through its body, the connection open. ``hang_rate``: no answer at all until
+    the client gives up. ``overloaded``: every request gets 503. ``greedy_mismatch``: the
     fraction of greedy (temperature 0) answers whose text diverges from a standard server's.
+    ``broken_structure``: the fraction of structured answers (JSON output, tool calls) whose
+    closing brace never comes, as from a server whose guided decoding misbehaves.
+    Each server draws from its own generator seeded by its ``seed``: give servers different
+    seeds for independent faults.
     """
 
     error_rate: float = 0.0
@@ -36,11 +44,15 @@ class Faults:
     spike_s: float = 1.0
     die_rate: float = 0.0
     die_after_chunks: int = 3
+    stall_rate: float = 0.0
+    hang_rate: float = 0.0
     overloaded: bool = False
     greedy_mismatch: float = 0.0
+    broken_structure: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("error_rate", "spike_rate", "die_rate", "greedy_mismatch"):
+        rates = ("error_rate", "spike_rate", "die_rate", "stall_rate", "hang_rate")
+        for name in (*rates, "greedy_mismatch", "broken_structure"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1, got {value}")
@@ -59,7 +71,18 @@ class SimConfig:
     ``speculative_decoding`` and draft counters that stay at 0.
     ``per_request_metrics=False`` emulates vLLM started without
     ``--per-request-spec-decode-metrics``: counters on /metrics, nothing per request.
-    ``stream_interval`` > 1 merges that many engine steps into one SSE chunk.
+    ``timing_metrics`` emulates ``--enable-per-request-metrics``: TTFT, decode time, queue
+    time, mean inter-token latency and tokens per second in the answer's ``metrics``.
+    ``stream_interval`` > 1 holds tokens back until that many are ready, as vLLM's flag
+    does (the first token and the last chunk always go at once). ``method`` is the proposer
+    (``backends/sim/engine.py``); ``max_logprobs`` is vLLM's ``--max-logprobs``.
+
+    ``engine`` is the server it plays (``backends/sim/dialects.py``): ``vllm-neuron`` reports
+    nothing per request and counts no drafts (a fused step); ``sglang`` and ``trtllm``
+    answer in their shapes and show their own pages (``backends/sim/engine_pages.py``).
+    TensorRT-LLM's gate: once ``acceptance_rate_window_size`` requests have finished, a
+    rolling draft acceptance below ``acceptance_rate_threshold`` turns speculation off for
+    good. ``prometheus=False`` is a TensorRT-LLM server without ``/prometheus/metrics``.
     """
 
     mode: Mode = Mode.SPECULATIVE
@@ -75,9 +98,16 @@ class SimConfig:
     faults: Faults = field(default_factory=Faults)
     report_spec_metrics: bool = True
     per_request_metrics: bool = True
+    timing_metrics: bool = False
     stream_interval: int = 1
     default_max_tokens: int = 256
     max_model_len: int = 32768
+    max_logprobs: int = 20
+    method: Method = Method.DRAFT_MODEL
+    engine: SimEngine = SimEngine.VLLM
+    acceptance_rate_threshold: float | None = None
+    acceptance_rate_window_size: int = 0
+    prometheus: bool = True
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -96,11 +126,22 @@ class SimConfig:
     @property
     def reports_spec(self) -> bool:
         """Whether responses carry ``metrics.speculative_decoding``."""
-        return self.speculative and self.report_spec_metrics and self.per_request_metrics
+        return (
+            self.speculative
+            and self.report_spec_metrics
+            and self.per_request_metrics
+            and self.engine is SimEngine.VLLM
+        )
+
+    @property
+    def counts_drafts(self) -> bool:
+        """Whether the engine's counters see drafts (a fused Neuron step shows none)."""
+        return self.report_spec_metrics and self.engine is not SimEngine.VLLM_NEURON
 
 
 def parse_drift(text: str) -> tuple[DriftPoint, ...]:
-    """Parse ``"code@60=0.1,code@120=0.82"`` (workload@seconds=base acceptance)."""
+    """Parse ``"code@60=0.1,code@120=0.82"`` (workload@seconds=base acceptance); a workload
+    written ``tools/NAME`` applies to requests offering the tool NAME only."""
     points = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
@@ -108,7 +149,8 @@ def parse_drift(text: str) -> tuple[DriftPoint, ...]:
         try:
             head, value = item.split("=", 1)
             name, at = head.split("@", 1)
-            point = DriftPoint(Workload(name.strip()), float(at), float(value))
+            workload, _, tool = name.strip().partition("/")
+            point = DriftPoint(Workload(workload), float(at), float(value), tool)
         except ValueError as exc:
             raise ValueError(f"bad drift entry {item!r}: want workload@seconds=acceptance") from exc
         if not 0.0 <= point.acceptance <= 1.0 or point.at_s < 0:

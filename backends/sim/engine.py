@@ -7,9 +7,17 @@ tokens, cut at the answer's length), and returns the step's cost in model second
 ``StepEvent`` per sequence. ``Engine`` drives it in real time through an injected clock and
 sleep; ``backends/sim/virtual.py`` drives the same scheduler in virtual time.
 
-Like vLLM, a speculative step always drafts k tokens and counts the accepted ones before the
-answer's length cuts the emitted tokens, so ``num_draft_tokens == k * num_spec_steps`` and the
-first token (from prefill) is never a speculative step.
+Two proposers, as vLLM's ``--speculative-config`` ``method``:
+
+- ``draft_model``: every decode step drafts k tokens, so ``num_draft_tokens == k *
+  num_spec_steps``.
+- ``ngram``: a step drafts only when the last tokens recur in the context (chance
+  ``profile.ngram_match``), and then at most k: the copied span may end sooner. A step that
+  drafts nothing emits one token and is no speculative step: no draft counter, no
+  ``num_spec_steps``, no histogram entry (vLLM counts only steps with scheduled drafts).
+
+Either way accepted tokens are counted before the answer's length cuts the emitted ones, and
+the first token (from prefill) is never a speculative step.
 
 Must not: read the clock or global random state (time and randomness come in), know HTTP.
 """
@@ -25,12 +33,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from backends.sim.model import CostModel, RequestProfile, sample_accepted
+from backends.sim.model import CostModel, Method, RequestProfile, sample_accepted
 
 logger = logging.getLogger(__name__)
 
 # A real-time engine that falls this far behind its schedule stops trying to catch up.
 _MAX_LAG_S = 0.05
+# An n-gram match copies the context after it; the copy runs out before k tokens when the
+# match sits near the end of the context. Its length is drawn uniformly from 1..3k, capped
+# at k, so about three matches in four propose all k tokens.
+_NGRAM_SPAN = 3
 
 
 class StepEvent(NamedTuple):
@@ -107,6 +119,17 @@ class EngineCounters:
 Sink = Callable[[StepEvent], None]
 
 
+@dataclass(slots=True)
+class Timestamps:
+    """When one request was queued, scheduled, and got its first and last token (seconds of
+    the engine's clock; 0 = not yet), for vLLM's per-request timing metrics."""
+
+    queued: float = 0.0
+    scheduled: float = 0.0
+    first_token: float = 0.0
+    last_token: float = 0.0
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     """One request inside the engine; mutable, owned by the scheduler while it runs."""
@@ -120,6 +143,7 @@ class Sequence:
     cancelled: bool = False
     tally: SpecTally = field(init=False)
     rng: random.Random = field(init=False)
+    times: Timestamps = field(default_factory=lambda: Timestamps())
 
     def __post_init__(self) -> None:
         self.tally = SpecTally(self.k)
@@ -138,13 +162,22 @@ class Scheduler:
     """Continuous batching over sequences; pure step logic (see the module docstring)."""
 
     def __init__(
-        self, *, speculative: bool, k: int, max_num_seqs: int, cost: CostModel | None = None
+        self,
+        *,
+        speculative: bool,
+        k: int,
+        max_num_seqs: int,
+        cost: CostModel | None = None,
+        method: Method = Method.DRAFT_MODEL,
     ) -> None:
         self.speculative = speculative
         self.k = k
+        self.method = method
         self.max_num_seqs = max_num_seqs
         self.cost = cost or CostModel()
         self.counters = EngineCounters(k)
+        # told of every step and its prefill tokens (engines' iteration stats are built on it)
+        self.on_step: Callable[[Step, int], None] | None = None
         self._running: list[Sequence] = []
         self._waiting: deque[Sequence] = deque()
 
@@ -178,9 +211,8 @@ class Scheduler:
         if start == 0:
             tokens = 1
             counters.prompt_tokens += seq.profile.prompt_tokens
-        elif self.speculative:
-            drafted = self.k
-            accepted = sample_accepted(seq.rng, seq.profile.acceptance, drafted)
+        elif self.speculative and (drafted := self._draft_length(seq)):
+            accepted = sample_accepted(seq.rng, seq.profile.draft_acceptance(self.method), drafted)
             tokens = min(accepted + 1, seq.profile.output_tokens - start)
             seq.tally.add(drafted, accepted)
             counters.count_spec(drafted, accepted)
@@ -191,6 +223,14 @@ class Scheduler:
         seq.steps += 1
         seq.finished = seq.emitted >= seq.profile.output_tokens
         return StepEvent(start, tokens, drafted, accepted, seq.finished)
+
+    def _draft_length(self, seq: Sequence) -> int:
+        """Draft tokens proposed for this step of ``seq`` (0: nothing to propose)."""
+        if self.method is Method.DRAFT_MODEL:
+            return self.k
+        if seq.rng.random() >= seq.profile.ngram_match:
+            return 0
+        return min(self.k, seq.rng.randint(1, _NGRAM_SPAN * self.k))
 
     def step(self) -> Step:
         """Admit, advance every running sequence once, and price the step."""
@@ -203,14 +243,20 @@ class Scheduler:
         events = tuple((seq, self.advance(seq)) for seq in self._running)
         self._running = [seq for seq in self._running if not seq.finished]
         self.counters.steps += 1
-        per_seq = self.k + 1 if self.speculative else 1
+        # The target verifies each decoding sequence's token plus its drafts; a draft model
+        # runs k passes over the batch, an n-gram lookup costs next to nothing.
+        verified = sum(1 + e.drafted for _, e in events if e.start > 0)
+        drafting = self.speculative and self.method is Method.DRAFT_MODEL and decoding > 0
         seconds = self.cost.step_seconds(
-            verified_tokens=decoding * per_seq,
+            verified_tokens=verified,
             prefill_tokens=prefill_tokens,
-            draft_passes=self.k if self.speculative and decoding else 0,
-            drafting_seqs=decoding if self.speculative else 0,
+            draft_passes=self.k if drafting else 0,
+            drafting_seqs=decoding if drafting else 0,
         )
-        return Step(seconds, events)
+        step = Step(seconds, events)
+        if self.on_step is not None:
+            self.on_step(step, prefill_tokens)
+        return step
 
     def run_alone(self, seq: Sequence) -> list[StepEvent]:
         """Every step of one sequence at once, outside the batch (zero-latency mode)."""
@@ -241,6 +287,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
 
     def submit(self, seq: Sequence) -> None:
+        seq.times.queued = self._clock()
         self.scheduler.submit(seq)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -258,12 +305,17 @@ class Engine:
     async def _run(self) -> None:
         deadline = self._clock()
         while self.scheduler.has_work():
+            began = self._clock()
             step = self.scheduler.step()
             deadline += step.seconds * self._scale
             delay = deadline - self._clock()
             if delay < -_MAX_LAG_S:
                 deadline -= delay
             await self._sleep(max(delay, 0.0))
+            ended = self._clock()
             for seq, event in step.events:
+                if event.start == 0:
+                    seq.times.scheduled, seq.times.first_token = began, ended
+                seq.times.last_token = ended
                 if seq.sink is not None and not seq.cancelled:
                     seq.sink(event)

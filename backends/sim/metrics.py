@@ -7,7 +7,7 @@ carry ``engine="0"`` and ``model_name`` like vLLM's. Must not use the global reg
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -97,3 +97,19 @@ def build_registry(
 
 def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
+
+
+class Families(Collector):
+    """Whatever families ``make`` builds at scrape time (another engine's page)."""
+
+    def __init__(self, make: Callable[[], list[Metric]]) -> None:
+        self._make = make
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._make()
+
+
+def registry_of(make: Callable[[], list[Metric]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families(make))
+    return registry

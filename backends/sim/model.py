@@ -29,6 +29,7 @@ import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 
 from backends.sim.workload import (
@@ -39,6 +40,7 @@ from backends.sim.workload import (
     forced_tool_name,
     prompt_text,
     temperature_of,
+    tool_names,
 )
 
 MAX_ACCEPTANCE = 0.99
@@ -51,6 +53,21 @@ DEFAULT_BASE: Mapping[Workload, float] = MappingProxyType(
         Workload.CHAT: 0.65,
         Workload.CREATIVE: 0.35,
         Workload.SUMMARISE: 0.25,
+    }
+)
+
+# How often an n-gram proposer finds the last tokens again in the context (prompt and answer
+# so far), per decode step: answers that copy from their context (summaries quote the
+# document, JSON and tool calls repeat keys and schema, code repeats names) match often,
+# free text rarely.
+DEFAULT_NGRAM_MATCH: Mapping[Workload, float] = MappingProxyType(
+    {
+        Workload.JSON: 0.5,
+        Workload.TOOLS: 0.5,
+        Workload.CODE: 0.45,
+        Workload.CHAT: 0.25,
+        Workload.CREATIVE: 0.1,
+        Workload.SUMMARISE: 0.6,
     }
 )
 
@@ -99,11 +116,20 @@ def sample_accepted(rng: random.Random, a: float, k: int) -> int:
     return accepted
 
 
+class Method(StrEnum):
+    """How a speculative server proposes drafts (vLLM's ``speculative_config.method``)."""
+
+    DRAFT_MODEL = "draft_model"
+    NGRAM = "ngram"
+
+
 @dataclass(frozen=True, slots=True)
 class AcceptanceModel:
-    """How a request's workload, temperature and context length set its acceptance."""
+    """How a request's workload, temperature and context length set its acceptance, and how
+    often an n-gram proposer has something to propose."""
 
     base: Mapping[Workload, float] = field(default_factory=lambda: DEFAULT_BASE)
+    ngram_match: Mapping[Workload, float] = field(default_factory=lambda: DEFAULT_NGRAM_MATCH)
     temperature_slope: float = 0.2
     context_scale_tokens: float = 32768.0
     long_context_tokens: int = LONG_CONTEXT_TOKENS
@@ -154,11 +180,16 @@ class CostModel:
 
 @dataclass(frozen=True, slots=True)
 class DriftPoint:
-    """From ``at_s`` seconds after start on, ``workload``'s base acceptance is ``acceptance``."""
+    """From ``at_s`` seconds after start on, ``workload``'s base acceptance is ``acceptance``.
+
+    With ``tool`` set, the point applies only to requests that offer a tool of that name (a
+    new tool schema whose calls the draft predicts badly, among healthy ones).
+    """
 
     workload: Workload
     at_s: float
     acceptance: float
+    tool: str = ""
 
 
 def base_acceptance(
@@ -168,11 +199,18 @@ def base_acceptance(
     model: AcceptanceModel,
     drift: Sequence[DriftPoint] = (),
     overrides: Mapping[Workload, float] | None = None,
+    tools: Sequence[str] = (),
 ) -> float:
-    """The base in force: a runtime override, else the latest drift point due, else the default."""
+    """The base in force: a runtime override, else the latest drift point due (one naming a
+    tool of the request first), else the default."""
     if overrides and workload in overrides:
         return overrides[workload]
     due = [p for p in drift if p.workload is workload and p.at_s <= now_s]
+    if tools:
+        for_tool = [p for p in due if p.tool and p.tool in tools]
+        if for_tool:
+            return max(for_tool, key=lambda p: p.at_s).acceptance
+    due = [p for p in due if not p.tool]
     if due:
         return max(due, key=lambda p: p.at_s).acceptance
     return model.base.get(workload, DEFAULT_BASE[workload])
@@ -191,6 +229,12 @@ class RequestProfile:
     seed_key: str
     tool_name: str | None = None
     text_key: str = ""
+    ngram_match: float = 0.0
+
+    def draft_acceptance(self, method: Method) -> float:
+        """Chance that the target accepts one proposed token. A proposal an n-gram copied
+        from the context is right more often than a draft model's guess: the square root."""
+        return self.acceptance if method is Method.DRAFT_MODEL else self.acceptance**0.5
 
     def _key(self, stream: str) -> str:
         # The answer's text follows text_key: for a greedy request that is its content, so
@@ -223,11 +267,14 @@ def build_profile(
     drift: Sequence[DriftPoint] = (),
     overrides: Mapping[Workload, float] | None = None,
     greedy_mismatch: float = 0.0,
+    choice: int = 0,
 ) -> RequestProfile:
-    """Profile the ``index``-th request a server with ``seed`` receives.
+    """Profile the ``index``-th request a server with ``seed`` receives (its ``choice``-th
+    answer when it asks for several, ``n`` > 1).
 
     Same seed and same request order give the same profiles, hence the same numbers. The
-    answer ends naturally (``stop``/``tool_calls``) at a length drawn per workload, unless
+    answer ends naturally (``stop``, or ``tool_calls`` for a required call) at a length drawn
+    per workload, unless
     ``max_tokens`` cuts it first (``length``) or ``ignore_eos`` is set. A greedy request
     (temperature 0) gets text and length from its content alone, the same on every server;
     ``greedy_mismatch`` is the fraction of greedy answers that diverge anyway (a broken
@@ -239,9 +286,12 @@ def build_profile(
     workload = classify(
         body, long_context_tokens=model.long_context_tokens, text=text, prompt_tokens=prompt_tokens
     )
-    base = base_acceptance(workload, now_s=now_s, model=model, drift=drift, overrides=overrides)
+    tools = tool_names(body) if drift else ()
+    base = base_acceptance(
+        workload, now_s=now_s, model=model, drift=drift, overrides=overrides, tools=tools
+    )
     a = model.acceptance(base, temperature=temperature_of(body), prompt_tokens=prompt_tokens)
-    seed_key = f"{seed}:{index}"
+    seed_key = f"{seed}:{index}" + (f"/{choice}" if choice else "")
     text_key = seed_key
     if temperature_of(body) == 0:
         text_key = "greedy:" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
@@ -252,7 +302,8 @@ def build_profile(
     if body.get("ignore_eos") is True:  # vLLM's benchmark switch: always run to max_tokens
         natural = max_tokens + 1
     tool_name = forced_tool_name(body)
-    natural_reason = "tool_calls" if tool_name else "stop"
+    # vLLM ends a required call with "tool_calls" but a named one with "stop", as OpenAI does
+    natural_reason = "tool_calls" if tool_name and body.get("tool_choice") == "required" else "stop"
     return RequestProfile(
         workload=workload,
         prompt_tokens=prompt_tokens,
@@ -263,4 +314,5 @@ def build_profile(
         seed_key=seed_key,
         tool_name=tool_name,
         text_key=text_key,
+        ngram_match=model.ngram_match.get(workload, DEFAULT_NGRAM_MATCH[workload]),
     )

@@ -7,7 +7,8 @@ simulator's own ``GET /sim/state`` / ``POST /sim/control`` for tests and the dem
     {"acceptance": {"code": 0.1, "json": null},   # set / clear a workload's base now
      "faults": {"error_rate": 0.2, "overloaded": false}}   # any Faults field
 
-``"acceptance": null`` clears every override. The answer is the new state.
+``"acceptance": null`` clears every override. The answer is the new state; its
+``traceparents`` are the W3C trace contexts of the last 64 requests that carried one.
 
 Must not: keep module-level state or use the global Prometheus registry; wiring only.
 """
@@ -24,14 +25,22 @@ from typing import Any
 
 import orjson
 import uvicorn
+from prometheus_client.core import Metric
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from backends.sim.config import Faults, SimConfig
+from backends.sim.dialects import SimEngine
 from backends.sim.engine import Clock, Sleep
-from backends.sim.metrics import CONTENT_TYPE, build_registry, exposition
+from backends.sim.engine_pages import (
+    drain,
+    sglang_families,
+    sglang_server_info,
+    trtllm_families,
+)
+from backends.sim.metrics import CONTENT_TYPE, build_registry, exposition, registry_of
 from backends.sim.serving import SimServer
 from backends.sim.validation import SimHTTPError, bad_request
 from backends.sim.workload import Workload
@@ -48,9 +57,11 @@ class _Admin:
         self._sim = sim
         self._wall = wall_clock
         config = sim.config
-        self._registry = build_registry(
-            sim.scheduler, config.served_model_names[0], report_spec=config.report_spec_metrics
-        )
+        model = config.served_model_names[0]
+        self._registry = build_registry(sim.scheduler, model, report_spec=config.counts_drafts)
+        if config.engine is SimEngine.SGLANG:
+            self._registry = registry_of(self._sglang)
+        self._trtllm = registry_of(self._trtllm_counters)
 
     async def models(self, request: Request) -> Response:
         created = int(self._wall())
@@ -74,7 +85,37 @@ class _Admin:
         return Response(status_code=200)
 
     async def metrics(self, request: Request) -> Response:
+        config = self._sim.config
+        if config.engine is SimEngine.TRTLLM:  # iteration stats, drained on read
+            return _json(drain(self._sim.iterations, config.max_num_seqs, config.speculative))
         return Response(exposition(self._registry), media_type=CONTENT_TYPE)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(exposition(self._trtllm), media_type=CONTENT_TYPE)
+
+    async def server_info(self, request: Request) -> Response:
+        config, counters = self._sim.config, self._sim.scheduler.counters
+        model = config.served_model_names[0]
+        steps, accepted = counters.num_drafts, counters.num_accepted_tokens
+        return _json(sglang_server_info(steps, accepted, model, config.k))
+
+    def _sglang(self) -> list[Metric]:
+        scheduler = self._sim.scheduler
+        model = self._sim.config.served_model_names[0]
+        return sglang_families(
+            self._sim.recent, scheduler.num_running, scheduler.num_waiting, model
+        )
+
+    def _trtllm_counters(self) -> list[Metric]:
+        scheduler, model = self._sim.scheduler, self._sim.config.served_model_names[0]
+        c = scheduler.counters
+        return trtllm_families(
+            c.num_draft_tokens,
+            c.num_accepted_tokens,
+            c.generation_tokens,
+            scheduler.num_running,
+            model,
+        )
 
     async def state(self, request: Request) -> Response:
         return _json(self.snapshot())
@@ -126,6 +167,10 @@ class _Admin:
             "faults": dataclasses.asdict(sim.faults),
             "outcomes": dataclasses.asdict(sim.outcomes),
             "counters": dataclasses.asdict(sim.scheduler.counters),
+            "engine": config.engine.value,
+            "speculating": sim.scheduler.speculative,
+            "speculation_off_at": sim.speculation_off_at,
+            "traceparents": list(sim.traceparents),
         }
 
 
@@ -198,6 +243,10 @@ def create_app(
         Route("/sim/state", admin.state, methods=["GET"]),
         Route("/sim/control", admin.control, methods=["POST"]),
     ]
+    if config.engine is SimEngine.TRTLLM and config.prometheus:
+        routes.append(Route("/prometheus/metrics", admin.prometheus, methods=["GET"]))
+    if config.engine is SimEngine.SGLANG:
+        routes.append(Route("/server_info", admin.server_info, methods=["GET"]))
     return Starlette(routes=routes, lifespan=lifespan)
 
 

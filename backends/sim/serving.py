@@ -2,9 +2,11 @@
 
 ``SimServer`` is the one container of a simulated server's collaborators (engine, text bank,
 runtime overrides and faults, counters); ``backends/sim/server.py`` wires its endpoints into
-a Starlette app. A streamed answer is the role chunk (chat), one chunk per engine step (or per
-``stream_interval`` steps; the first token always goes alone), an optional usage chunk and
-``[DONE]``. Zero-latency mode renders the whole answer at once, without the batch.
+a Starlette app. A streamed answer is the role chunk (chat), one chunk per engine step (with
+``stream_interval`` > 1, tokens wait until that many are ready; the first token and the
+last chunk always go at once, as in vLLM), an optional usage chunk and ``[DONE]``.
+Zero-latency mode renders the whole answer at once, without the batch. Like vLLM, an
+answer's id is the client's ``X-Request-Id`` when it sends one.
 
 Must not: read the clock or sleep except through the injected seams; use global state.
 """
@@ -13,24 +15,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from backends.sim import dialects
 from backends.sim.asgi import SSE_MEDIA_TYPE, DeferredJSON, EventStream
 from backends.sim.config import Faults, SimConfig
-from backends.sim.engine import Clock, Engine, Scheduler, Sequence, Sleep, SpecTally, StepEvent
-from backends.sim.model import RequestProfile, base_acceptance, build_profile, draw
-from backends.sim.responses import DONE, Answer, ChunkWriter, full_body
+from backends.sim.engine import (
+    Clock,
+    Engine,
+    Scheduler,
+    Sequence,
+    Sleep,
+    SpecTally,
+    Step,
+    StepEvent,
+)
+from backends.sim.engine_pages import ITERATION_QUEUE, LOG_INTERVAL, Iteration
+from backends.sim.job import Choice, Job
+from backends.sim.logprobs import prompt_ids
+from backends.sim.model import base_acceptance, build_profile, draw
+from backends.sim.pacing import Chunker, Span, timings
+from backends.sim.responses import DONE, Answer, ChunkWriter, Timings, whole_body
 from backends.sim.text import TextBank
 from backends.sim.validation import Ask, SimHTTPError, parse
-from backends.sim.workload import Workload, tool_parameters
-
-Span = tuple[int, int, bool]  # first token, end token, finished
+from backends.sim.workload import Workload, prompt_text, schema_properties, tool_parameters
 
 
 @dataclass(slots=True)
@@ -45,21 +61,21 @@ class Outcomes:
     overloaded: int = 0
     spikes: int = 0
     drops: int = 0
+    stalls: int = 0
+    hangs: int = 0
 
 
-@dataclass(slots=True)
-class _Job:
-    ask: Ask
-    profile: RequestProfile
-    answer: Answer
-    tokens: list[str]
-    seq: Sequence
-    closed: bool = field(default=False)
+@dataclass(frozen=True, slots=True)
+class _Drawn:
+    """The faults one request gets: a delay, a hang, or where its stream stops."""
 
-    def text(self, start: int, end: int) -> str:
-        if self.profile.tool_name is not None:  # token 0 is the function name
-            return "".join(self.tokens[max(start - 1, 0) : end - 1])
-        return "".join(self.tokens[start:end])
+    spike_s: float = 0.0
+    hang: bool = False
+    cut_after: int | None = None
+    stall: bool = False  # at ``cut_after``: go silent rather than drop the connection
+
+
+Event = tuple[int, StepEvent]  # a choice's index and one engine step of it
 
 
 def _short_hash(key: str) -> str:
@@ -76,12 +92,20 @@ class SimServer:
             k=config.k,
             max_num_seqs=config.max_num_seqs,
             cost=config.cost,
+            method=config.method,
         )
         self.engine = Engine(self.scheduler, time_scale=config.time_scale, clock=clock, sleep=sleep)
+        self.iterations: deque[Iteration] = deque(maxlen=ITERATION_QUEUE)
+        self.recent: deque[Iteration] = deque(maxlen=LOG_INTERVAL)
+        self.scheduler.on_step = self._stepped
+        self.gate: deque[float] = deque(maxlen=max(config.acceptance_rate_window_size, 1))
+        self.speculation_off_at: float | None = None
         self.bank = TextBank(config.seed)
         self.overrides: dict[Workload, float] = {}
         self.faults: Faults = config.faults
         self.outcomes = Outcomes()
+        # vLLM with --otlp-traces-endpoint parents its llm_request span on this header
+        self.traceparents: deque[str] = deque(maxlen=64)
         self._fault_rng = random.Random(f"{config.seed}:faults")
         self._clock = clock
         self._sleep = sleep
@@ -101,6 +125,40 @@ class SimServer:
             self.uptime_s / scale if scale > 0 and not self.config.zero_latency else self.uptime_s
         )
 
+    def _stepped(self, step: Step, prefill_tokens: int) -> None:
+        """One engine step, as the engine's iteration stats count it."""
+        scheduler = self.scheduler
+        decoding = [e for _, e in step.events if e.start > 0]
+        done = Iteration(
+            scheduler.counters.steps,
+            step.seconds,
+            scheduler.num_running,
+            scheduler.num_waiting,
+            sum(e.finished for _, e in step.events),
+            len(step.events) - len(decoding),
+            len(decoding),
+            prefill_tokens,
+            sum(e.drafted for e in decoding),
+            sum(e.accepted for e in decoding),
+            sum(e.drafted > 0 for e in decoding),
+        )
+        self.iterations.append(done)
+        if decoding:
+            self.recent.append(done)
+
+    def _gated(self, job: Job) -> None:
+        """TensorRT-LLM's speculation gate: a finished request's draft acceptance joins a
+        rolling window; below the threshold over a full window, speculation stops for good."""
+        threshold, one = self.config.acceptance_rate_threshold, job.single
+        if threshold is None or one is None or not self.scheduler.speculative:
+            return
+        if one.seq.tally.num_draft_tokens:
+            self.gate.append(one.seq.tally.draft_acceptance_rate)
+        full = len(self.gate) == self.config.acceptance_rate_window_size
+        if full and sum(self.gate) / len(self.gate) < threshold:
+            self.scheduler.speculative = False
+            self.speculation_off_at = self.model_time_s
+
     def base_acceptance(self, workload: Workload) -> float:
         return base_acceptance(
             workload,
@@ -118,6 +176,9 @@ class SimServer:
 
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         config = self.config
+        traceparent = request.headers.get("traceparent")
+        if traceparent is not None:
+            self.traceparents.append(traceparent)
         try:
             ask = parse(
                 await request.body(),
@@ -125,26 +186,52 @@ class SimServer:
                 names=config.served_model_names,
                 default_max_tokens=config.default_max_tokens,
                 max_model_len=config.max_model_len,
+                max_logprobs=config.max_logprobs,
             )
-            spike_s, drop_after = self._draw_faults()
+            if ask.deferred is not None:
+                return self._refused(ask.deferred, ask.stream)
+            drawn = self._draw_faults()
         except SimHTTPError as err:
             self.outcomes.rejected += err.status < 500
             return Response(err.body, err.status, media_type="application/json")
-        job = self._job(ask)
-        if spike_s:
-            await self._sleep(spike_s)
+        job = self._job(ask, request.headers.get("x-request-id"))
+        if drawn.spike_s:
+            await self._sleep(drawn.spike_s)
+        if drawn.hang:
+            return _hang(ask.stream, partial(self._close, job))
         if ask.stream:
-            return self._stream(job, drop_after)
-        if config.zero_latency:
+            return self._stream(job, drawn)
+        if config.zero_latency and drawn.cut_after is None:
             self._run_alone(job)
             self._close(job)
             return Response(self._body(job), media_type="application/json")
-        return DeferredJSON(partial(self._wait_body, job), partial(self._close, job))
+        return DeferredJSON(
+            partial(self._wait_body, job), partial(self._close, job), self._whole_cut(drawn)
+        )
 
-    def _draw_faults(self) -> tuple[float, int | None]:
+    def _whole_cut(self, drawn: _Drawn) -> str | None:
+        """A dying or stalling server breaks a whole answer too: halfway through its body."""
+        if drawn.cut_after is None:
+            return None
+        if drawn.stall:
+            self.outcomes.stalls += 1
+            return "stall"
+        self.outcomes.drops += 1
+        return "drop"
+
+    def _refused(self, error: SimHTTPError, stream: bool) -> Response:
+        """A request the engine refuses: a stream already answered 200, so vLLM sends the
+        error as its first event and then ``[DONE]``; a whole answer gets the status."""
+        if not stream:
+            raise error
+        self.outcomes.rejected += 1
+        body = b"data: " + error.event() + b"\n\n" + DONE
+        return Response(body, media_type=SSE_MEDIA_TYPE)
+
+    def _draw_faults(self) -> _Drawn:
         """Decide this request's faults; raises for the ones answered before any work."""
         faults, rng, out = self.faults, self._fault_rng, self.outcomes
-        error, spike, die = rng.random(), rng.random(), rng.random()
+        error, spike, die, stall, hang = (rng.random() for _ in range(5))
         if faults.overloaded:
             out.overloaded += 1
             raise SimHTTPError(503, "The server is overloaded.", "ServiceUnavailableError")
@@ -153,12 +240,41 @@ class SimServer:
             raise SimHTTPError(500, "Injected engine error.", "InternalServerError")
         spike_s = faults.spike_s * self.config.time_scale if spike < faults.spike_rate else 0.0
         out.spikes += spike_s > 0
-        return spike_s, faults.die_after_chunks if die < faults.die_rate else None
+        if hang < faults.hang_rate:
+            out.hangs += 1
+            return _Drawn(spike_s, hang=True)
+        if stall < faults.stall_rate:
+            return _Drawn(spike_s, cut_after=faults.die_after_chunks, stall=True)
+        if die < faults.die_rate:
+            return _Drawn(spike_s, cut_after=faults.die_after_chunks)
+        return _Drawn(spike_s)
 
-    def _job(self, ask: Ask) -> _Job:
-        config = self.config
+    def _job(self, ask: Ask, request_id: str | None = None) -> Job:
         index = self.outcomes.requests
         self.outcomes.requests += 1
+        choices = [self._choice(ask, index, i) for i in range(ask.n)]
+        profile = choices[0].profile
+        prefix = "chatcmpl-" if ask.chat else "cmpl-"
+        answer = Answer(
+            chat=ask.chat,
+            request_id=prefix + (request_id or _short_hash(profile.seed_key)),
+            created=int(self._wall()),
+            model=ask.model,
+            prompt_tokens=profile.prompt_tokens,
+            include_usage=ask.include_usage,
+            tool_name=profile.tool_name,
+            tool_call_id="chatcmpl-tool-" + _short_hash(profile.seed_key + ":tool"),
+            logprobs=ask.logprobs,
+            token_ids=ask.token_ids,
+            prompt_ids=self._prompt_ids(ask, profile.prompt_tokens),
+            prompt_logprobs=ask.prompt_logprobs,
+            key=profile.text_key,
+            continuous_usage=ask.continuous_usage,
+        )
+        return Job(ask, answer, choices)
+
+    def _choice(self, ask: Ask, index: int, choice: int) -> Choice:
+        config = self.config
         profile = build_profile(
             ask.body,
             seed=config.seed,
@@ -169,130 +285,190 @@ class SimServer:
             drift=config.drift,
             overrides=self.overrides,
             greedy_mismatch=self.faults.greedy_mismatch if config.speculative else 0.0,
+            choice=choice,
         )
-        prefix = "chatcmpl-" if ask.chat else "cmpl-"
-        answer = Answer(
-            chat=ask.chat,
-            request_id=prefix + _short_hash(profile.seed_key),
-            created=int(self._wall()),
-            model=ask.model,
-            prompt_tokens=profile.prompt_tokens,
-            include_usage=ask.include_usage,
-            tool_name=profile.tool_name,
-            tool_call_id="chatcmpl-tool-" + _short_hash(profile.seed_key + ":tool"),
-        )
-        properties = tool_parameters(ask.body, profile.tool_name) if profile.tool_name else {}
+        if profile.tool_name:
+            properties = tool_parameters(ask.body, profile.tool_name)
+        else:
+            properties = schema_properties(ask.body)
         tokens = self.bank.tokens(profile, properties)
-        return _Job(ask, profile, answer, tokens, Sequence(profile, config.k))
+        structured = profile.tool_name is not None or profile.workload is Workload.JSON
+        broken = draw(f"{profile.seed_key}:broken") / 2**64 < self.faults.broken_structure
+        if structured and broken and tokens and profile.finish_reason != "length":
+            tokens[-1] = " "  # the closing brace never comes: the answer does not parse
+        return Choice(choice, profile, tokens, Sequence(profile, config.k))
 
-    def _tally(self, job: _Job) -> SpecTally | None:
-        return job.seq.tally if self.config.reports_spec else None
+    @staticmethod
+    def _prompt_ids(ask: Ask, count: int) -> tuple[int, ...]:
+        """The prompt's token ids, made only when the answer shows them."""
+        if not ask.token_ids and ask.prompt_logprobs is None:
+            return ()
+        return tuple(prompt_ids(prompt_text(ask.body), count))
 
-    def _close(self, job: _Job) -> None:
+    def _tally(self, job: Job) -> SpecTally | None:
+        """Per-request metrics describe one sequence: none for ``n`` > 1, as in vLLM."""
+        one = job.single
+        return one.seq.tally if one is not None and self.config.reports_spec else None
+
+    def _timings(self, job: Job) -> Timings | None:
+        """vLLM's per-request timing metrics, from the engine's timestamps of ``job``."""
+        one = job.single
+        if one is None or not self.config.timing_metrics or self.config.engine.value != "vllm":
+            return None
+        return timings(one.seq.times, one.seq.emitted)
+
+    def _close(self, job: Job) -> None:
         if job.closed:
             return
         job.closed = True
-        if job.seq.finished:
+        if job.finished:
             self.outcomes.completed += 1
-        else:
-            self.engine.cancel(job.seq)
-            self.outcomes.cancelled += 1
+            self._gated(job)
+            return
+        for choice in job.choices:
+            self.engine.cancel(choice.seq)
+        self.outcomes.cancelled += 1
 
-    def _run_alone(self, job: _Job) -> list[StepEvent]:
-        return self.scheduler.run_alone(job.seq)
+    def _run_alone(self, job: Job) -> list[Event]:
+        """Every step of every choice at once, the choices' steps interleaved."""
+        runs = [[(c.index, e) for e in self.scheduler.run_alone(c.seq)] for c in job.choices]
+        return [event for step in itertools.zip_longest(*runs) for event in step if event]
 
-    def _body(self, job: _Job) -> bytes:
-        p = job.profile
-        text = job.text(0, p.output_tokens)
-        return full_body(job.answer, text, p.finish_reason, p.output_tokens, self._tally(job))
+    def _body(self, job: Job) -> bytes:
+        endings = [c.ending() for c in job.choices]
+        tally, times = self._tally(job), self._timings(job)
+        body = whole_body(job.answer, endings, job.completion_tokens, tally, times)
+        return dialects.whole(self.config.engine, body, _per_step(job), self._sglang_ext(job))
 
-    async def _wait_body(self, job: _Job) -> bytes:
+    async def _wait_body(self, job: Job) -> bytes:
         async for _ in self._events(job):
             pass
         return self._body(job)
 
-    async def _events(self, job: _Job) -> AsyncIterator[StepEvent]:
+    async def _events(self, job: Job) -> AsyncIterator[Event]:
         if self.config.zero_latency:
             for event in self._run_alone(job):
                 yield event
             return
-        inbox: asyncio.Queue[StepEvent] = asyncio.Queue()
-        job.seq.sink = inbox.put_nowait
-        self.engine.submit(job.seq)
-        while True:
+        inbox: asyncio.Queue[Event] = asyncio.Queue()
+        for choice in job.choices:
+            choice.seq.sink = partial(_tagged, inbox, choice.index)
+            self.engine.submit(choice.seq)
+        running = len(job.choices)
+        while running:
             event = await inbox.get()
             yield event
-            if event.finished:
-                return
+            running -= event[1].finished
 
-    def _stream(self, job: _Job, drop_after: int | None) -> Response:
+    def _stream(self, job: Job, drawn: _Drawn) -> Response:
         on_close = partial(self._close, job)
-        if drop_after is not None:
+        if drawn.cut_after is not None:
+            head = _first(self._chunks(job), drawn.cut_after)
+            if drawn.stall:
+                self.outcomes.stalls += 1
+                return EventStream(_then_silence(head), on_close)
             self.outcomes.drops += 1
-            return EventStream(_first(self._chunks(job), drop_after), on_close, complete=False)
+            return EventStream(head, on_close, complete=False)
+        engine = self.config.engine
         if self.config.zero_latency:
             events = self._run_alone(job)
             self._close(job)
-            chunks = self._render(job, _spans(events, self.config.stream_interval))
-            return Response(b"".join(chunks), media_type=SSE_MEDIA_TYPE)
-        return EventStream(self._chunks(job), on_close)
+            rendered = self._render(job, events)
+            if not engine.vllm_shaped:
+                rendered = [c for e in rendered for c in dialects.chunk(engine, e, _per_step(job))]
+            return Response(b"".join(rendered), media_type=SSE_MEDIA_TYPE)
+        if engine.vllm_shaped:
+            return EventStream(self._chunks(job), on_close)
+        return EventStream(_in_dialect(engine, job, self._chunks(job)), on_close)
 
-    async def _chunks(self, job: _Job) -> AsyncGenerator[bytes, None]:
-        interval = self.config.stream_interval
-        pending: list[StepEvent] = []
-        writer = ChunkWriter(job.answer)
+    async def _chunks(self, job: Job) -> AsyncGenerator[bytes, None]:
+        writers, chunkers = (
+            self._writers(job),
+            [Chunker(self.config.stream_interval) for _ in job.choices],
+        )
         if job.ask.chat:
-            yield writer.role()
-        async for event in self._events(job):
-            pending.append(event)
-            if len(pending) == interval or event.finished or event.start == 0:
-                for chunk in self._render(job, _spans(pending, interval), writer, tail=False):
-                    yield chunk
-                pending.clear()
-        for chunk in self._tail(job, writer):
+            for writer in writers:
+                yield writer.role()
+        async for index, event in self._events(job):
+            span = chunkers[index].add(event)
+            if span is not None:
+                yield self._content(job.choices[index], writers[index], span)
+        for chunk in self._tail(job, writers[0]):
             yield chunk
 
-    def _render(
-        self,
-        job: _Job,
-        spans: Iterable[Span],
-        writer: ChunkWriter | None = None,
-        *,
-        tail: bool = True,
-    ) -> list[bytes]:
-        """SSE chunks for ``spans``; a fresh writer means a whole answer (role chunk first)."""
-        out: list[bytes] = []
-        if writer is None:
-            writer = ChunkWriter(job.answer)
-            if job.ask.chat:
-                out.append(writer.role())
-        reason = job.profile.finish_reason
-        for start, end, finished in spans:
-            text = job.text(start, end)
-            out.append(
-                writer.content(text, first=start == 0, finish_reason=reason if finished else None)
-            )
-        if tail:
-            out.extend(self._tail(job, writer))
-        return out
+    def _writers(self, job: Job) -> list[ChunkWriter]:
+        return [ChunkWriter(job.answer, c.index) for c in job.choices]
 
-    def _tail(self, job: _Job, writer: ChunkWriter) -> list[bytes]:
+    def _render(self, job: Job, events: Iterable[Event]) -> list[bytes]:
+        """A whole stream at once (zero-latency mode): role chunks, content, the tail."""
+        writers = self._writers(job)
+        out = [w.role() for w in writers] if job.ask.chat else []
+        chunkers = [Chunker(self.config.stream_interval) for _ in job.choices]
+        for index, event in events:
+            span = chunkers[index].add(event)
+            if span is not None:
+                out.append(self._content(job.choices[index], writers[index], span))
+        return out + self._tail(job, writers[0])
+
+    @staticmethod
+    def _content(choice: Choice, writer: ChunkWriter, span: Span) -> bytes:
+        start, end, finished = span
+        pieces = choice.pieces(start, end)
+        return writer.content(
+            "".join(pieces),
+            first=start == 0,
+            finish_reason=choice.profile.finish_reason if finished else None,
+            pieces=pieces,
+            start=start,
+        )
+
+    def _tail(self, job: Job, writer: ChunkWriter) -> list[bytes]:
+        ext = self._sglang_ext(job)
+        head = [] if ext is None else [dialects.sglang_ext(_envelope(job), *ext)]
         if not job.ask.include_usage:
-            return [DONE]
-        return [writer.usage(job.profile.output_tokens, self._tally(job)), DONE]
+            return [*head, DONE]
+        tally, times = self._tally(job), self._timings(job)
+        return [*head, writer.usage(job.completion_tokens, tally, times), DONE]
+
+    def _sglang_ext(self, job: Job) -> tuple[int, int, int] | None:
+        """SGLang's per-request counts, when asked (``return_spec_tokens_details``)."""
+        one = job.single
+        asked = job.ask.body.get("return_spec_tokens_details") is True
+        if one is None or not asked or self.config.engine is not dialects.SimEngine.SGLANG:
+            return None
+        tally = one.seq.tally
+        return tally.num_spec_steps, tally.num_draft_tokens, tally.num_accepted_draft_tokens
 
 
-def _spans(events: Iterable[StepEvent], interval: int) -> list[Span]:
-    """Group steps into chunks: the first token alone, then ``interval`` steps per chunk."""
-    spans: list[Span] = []
-    group: list[StepEvent] = []
-    for event in events:
-        group.append(event)
-        if len(group) == interval or event.finished or event.start == 0:
-            last = group[-1]
-            spans.append((group[0].start, last.start + last.tokens, last.finished))
-            group = []
-    return spans
+def _envelope(job: Job) -> dict[str, object]:
+    answer = job.answer
+    kind = "chat.completion.chunk" if answer.chat else "text_completion"
+    return {
+        "id": answer.request_id,
+        "object": kind,
+        "created": answer.created,
+        "model": answer.model,
+    }
+
+
+def _per_step(job: Job) -> float | None:
+    """Tokens over engine iterations so far, prefill's included (TensorRT-LLM's
+    ``avg_decoded_tokens_per_iter``), for a one-choice answer."""
+    one = job.single
+    return one.seq.emitted / one.seq.steps if one is not None and one.seq.steps else None
+
+
+async def _in_dialect(
+    engine: dialects.SimEngine, job: Job, chunks: AsyncGenerator[bytes, None]
+) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(chunks) as source:
+        async for event in source:
+            for rewritten in dialects.chunk(engine, event, _per_step(job)):
+                yield rewritten
+
+
+def _tagged(inbox: asyncio.Queue[Event], index: int, event: StepEvent) -> None:
+    inbox.put_nowait((index, event))
 
 
 async def _first(chunks: AsyncGenerator[bytes, None], n: int) -> AsyncGenerator[bytes, None]:
@@ -306,3 +482,29 @@ async def _first(chunks: AsyncGenerator[bytes, None], n: int) -> AsyncGenerator[
             sent += 1
             if sent >= n:
                 return
+
+
+async def _then_silence(chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """``chunks``, then nothing until the client goes away (the ``stall`` fault)."""
+    async with contextlib.aclosing(chunks) as source:
+        async for chunk in source:
+            yield chunk
+    await asyncio.Event().wait()
+    yield b""  # pragma: no cover - never reached
+
+
+def _hang(stream: bool, on_close: Callable[[], None]) -> Response:
+    """An answer that never comes: headers and silence for a stream, nothing at all else."""
+    if stream:
+        return EventStream(_then_silence(_nothing()), on_close)
+
+    async def never() -> bytes:
+        await asyncio.Event().wait()
+        return b""  # pragma: no cover - never reached
+
+    return DeferredJSON(never, on_close)
+
+
+async def _nothing() -> AsyncGenerator[bytes, None]:
+    return
+    yield b""  # pragma: no cover - makes this an async generator

@@ -13,6 +13,8 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+import orjson
+
 from backends.sim.model import RequestProfile
 from backends.sim.workload import Workload
 
@@ -41,6 +43,7 @@ _CODE_LINES = (
 )
 _KEYS = ("name", "id", "status", "count", "items", "score", "label", "city", "query", "limit")
 _CORPUS_TOKENS = 8192
+_CUT = 8  # tokens a cut structured answer would still have needed
 
 
 def _prose(rng: random.Random, n: int) -> list[str]:
@@ -72,20 +75,73 @@ class TextBank:
         self._code = tuple(_code(rng, _CORPUS_TOKENS))
 
     def tokens(self, profile: RequestProfile, properties: Mapping[str, object]) -> list[str]:
-        """The answer's ``profile.output_tokens`` pieces (tool calls: arguments only)."""
+        """The answer's ``profile.output_tokens`` pieces (tool calls: arguments only). A
+        structured answer cut by ``max_tokens`` is the start of a longer one, so it does not
+        close, as in vLLM."""
         n = profile.output_tokens
+        more = _CUT if profile.finish_reason == "length" else 0
         if profile.tool_name is not None:
             # The first token of a tool call is its name; the rest are the arguments.
-            keys = tuple(properties) or _KEYS[:3]
-            return json_tokens(profile.rng("text"), n - 1, keys) if n > 1 else []
+            if n <= 1:
+                return []
+            if properties:
+                return schema_tokens(profile.rng("text"), n - 1 + more, properties)[: n - 1]
+            return json_tokens(profile.rng("text"), n - 1 + more, _KEYS[:3])[: n - 1]
         if profile.workload is Workload.JSON:
-            return json_tokens(profile.rng("text"), n, _KEYS)
+            if properties:  # a json_schema: guided decoding follows it, as vLLM's does
+                return schema_tokens(profile.rng("text"), n + more, properties)[:n]
+            return json_tokens(profile.rng("text"), n + more, _KEYS)[:n]
         corpus = self._code if profile.workload is Workload.CODE else self._prose
         start = profile.draw("text") % (len(corpus) - n) if n < len(corpus) else 0
         out = list(corpus[start : start + n])
         while len(out) < n:
             out.extend(corpus[: n - len(out)])
         return out
+
+
+def _value(rng: random.Random, schema: object) -> str | None:
+    """One token holding a value of ``schema``'s type; None for a string (several tokens)."""
+    if not isinstance(schema, Mapping):
+        return None
+    for fixed in ("const", "enum"):
+        if fixed in schema:
+            value = schema[fixed][0] if fixed == "enum" and schema[fixed] else schema[fixed]
+            return " " + orjson.dumps(value).decode()
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "integer":
+        return f" {rng.randint(0, 999)}"
+    if kind == "number":
+        return f" {rng.randint(0, 99)}.{rng.randint(0, 9)}"
+    if kind == "boolean":
+        return rng.choice((" true", " false"))
+    fixed_values = {"null": " null", "array": " []", "object": " {}"}
+    return fixed_values.get(kind) if isinstance(kind, str) else None
+
+
+def schema_tokens(rng: random.Random, n: int, properties: Mapping[str, object]) -> list[str]:
+    """``n`` pieces that join to one JSON object with exactly ``properties``' keys in order,
+    each value of its type (the last string takes the words left over), as far as ``n``
+    reaches; whitespace before the closing brace keeps the count exact."""
+    fields = [(key, _value(rng, schema)) for key, schema in properties.items()]
+    costs = [2 if value is not None else 3 for _, value in fields]
+    last_string = max((i for i, (_, v) in enumerate(fields) if v is None), default=-1)
+    out = ["{"]
+    for i, (key, value) in enumerate(fields):
+        if len(out) + costs[i] + 1 > n:
+            break
+        out.append(f'{", " if i else ""}"{key}":')
+        if value is not None:
+            out.append(value)
+            continue
+        out.append(' "')
+        room = n - len(out) - 2 - sum(costs[i + 1 :])
+        words = room if i == last_string else min(room, rng.randint(1, 6))
+        out += [("" if j == 0 else " ") + rng.choice(_WORDS) for j in range(max(words, 0))]
+        out.append('"')
+    out += [" "] * (n - 1 - len(out))
+    return (out + ["}"])[:n]
 
 
 def json_tokens(rng: random.Random, n: int, keys: tuple[str, ...]) -> list[str]:

@@ -81,6 +81,7 @@ def simulate(requests: Iterable[TimedRequest], config: SimConfig) -> list[Reques
         k=config.k,
         max_num_seqs=config.max_num_seqs,
         cost=config.cost,
+        method=config.method,
     )
     seqs: dict[int, tuple[float, Sequence]] = {}
     times: dict[int, list[float]] = {}

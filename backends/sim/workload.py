@@ -162,6 +162,27 @@ def forced_tool_name(body: Mapping[str, object]) -> str | None:
     return name if isinstance(name, str) and name else "tool"
 
 
+def tool_names(body: Mapping[str, object]) -> tuple[str, ...]:
+    """The names of the functions a request offers, in order."""
+    tools = body.get("tools")
+    names = []
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if isinstance(name, str):
+            names.append(name)
+    return tuple(names)
+
+
+def schema_properties(body: Mapping[str, object]) -> Mapping[str, object]:
+    """The ``properties`` of a ``json_schema`` response format's schema, or an empty mapping."""
+    fmt = body.get("response_format")
+    spec = fmt.get("json_schema") if isinstance(fmt, Mapping) else None
+    schema = spec.get("schema") if isinstance(spec, Mapping) else None
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    return props if isinstance(props, Mapping) else {}
+
+
 def tool_parameters(body: Mapping[str, object], name: str) -> Mapping[str, object]:
     """The JSON-schema ``properties`` of the named tool, or an empty mapping."""
     tools = body.get("tools")

@@ -42,7 +42,8 @@ class Tuning:
 
     def yaml(self) -> str:
         return (
-            f"{{min_acceptance: {self.min_acceptance}, recover_above: {self.recover_above}, "
+            f"{{mode: threshold, min_acceptance: {self.min_acceptance}, "
+            f"recover_above: {self.recover_above}, "
             f"min_samples: {self.min_samples}, window_s: {self.window_s:.3f}, "
             f"cooldown_s: {self.cooldown_s:.3f}, probe_fraction: {self.probe_fraction}}}"
         )
@@ -81,10 +82,11 @@ rules:
     start: shadow
     shadow_fraction: {SHADOW_FRACTION}
   - name: chat
-    start: {SPEC_POOL}
+    experiment: {{arms: [{SPEC_POOL}, {STANDARD_POOL}], split: 50}}
     description: >-
-      chat at t~0.7 accepts about 30% of k=4 drafts, which still beats standard decoding
-      at this load, so its floor is lower than the code and JSON slices'
+      a pilot: half the chat users on speculation, half on standard, judged by the report
+      at the end; chat at t~0.7 accepts about 30% of k=4 drafts, so the speculative arm's
+      floor is lower than the code and JSON slices'
     guardrail: {{min_acceptance: 0.2, recover_above: 0.25}}
 """
 

@@ -1,45 +1,44 @@
-"""Replay the recorded trace in virtual time, three ways, with ``backends.sim.virtual``.
+"""Price the recorded trace load-neutrally, four ways, like ``speclane replay`` does.
 
-The trace is every request of the live run: its arrival offset (wall seconds divided by the
-time scale, so model seconds) and its exact body. The live drift schedule becomes drift
-points at the same offsets. Three replays:
+Every answered request of the live run is priced on each pool with the simulator's own
+``CostModel`` (``gateway/replay/pricing.py``): its decode (tokens after the first) takes
+(T - 1) / E engine steps, E = 1 on the standard pool and the Leviathan expected tokens per
+step at the request's true per-token acceptance (the simulator's model, drift included)
+on the speculative one, each step at the load the run actually carried (requests in flight
+per server over both servers while it ran), shared by that many sequences. The ways:
 
-- ``routed``: each request to the pool the gateway chose for it (shadow mirrors are added to
-  the speculative pool's load, since they ran there, but are not counted as answers);
-- ``speculative``: every request to the speculative configuration;
-- ``standard``: every request to the standard configuration.
+- ``routed``: each request on the pool the gateway chose (shadow mirrors cost extra);
+- ``speculative`` and ``standard``: every request on that pool, at the same load;
+- ``oracle``: per workload and phase (before, during and after the drift), the cheaper pool.
 
-The live run had two servers (one per pool), so each fixed replay gets two replicas of its
-configuration too, with requests dealt to them in turn: every way uses the same hardware.
-
-The replay is open loop (requests arrive at their recorded times whatever the pool does),
-while the live run was closed loop; the numbers compare pools on one identical trace.
-Pure apart from CPU: no I/O, no clock.
+The same load for every way keeps capacity out of it: the comparison is about routing.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from backends.sim.config import Mode, SimConfig
-from backends.sim.model import DriftPoint
-from backends.sim.virtual import RequestResult, TimedRequest, simulate
+from backends.sim.model import CostModel, DriftPoint, build_profile, expected_tokens_per_step
 from backends.sim.workload import Workload
 from gateway.demo.driver import Drift, Result
 from gateway.demo.policy import SPEC_POOL
 from gateway.demo.workload import MODEL, ORDER
+from gateway.replay.pricing import step_seconds
 
-WAYS = ("routed", "speculative", "standard")
+WAYS = ("routed", "speculative", "standard", "oracle")
+_SERVERS = 2
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayRow:
-    """Mean time per output token (model seconds) of one workload (None: all), per replay."""
+    """Decode cost (model seconds of one server, load-neutral) of one workload (None: all)."""
 
     workload: Workload | None
     requests: int
-    tpot_s: dict[str, float | None]
+    cost: dict[str, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,50 +68,59 @@ def configs(data: ReplayInput) -> tuple[SimConfig, SimConfig]:
 
 
 def replay(data: ReplayInput) -> list[ReplayRow]:
-    """Per workload, then for all requests, the mean TPOT under each of the three replays."""
+    """Per workload, then for all requests, the cost of each way."""
     answered = [r for r in data.results if r.ok]
     scale = data.time_scale or 1.0
-    trace = [TimedRequest(r.at / scale, r.body) for r in answered]
-    spec, std = configs(data)
-    by_way = {
-        "routed": _routed(answered, trace, spec, std),
-        "speculative": _replicas(trace, spec),
-        "standard": _replicas(trace, std),
+    spec, _ = configs(data)
+    loads = _loads(data.results)
+    marks = sorted(data.drift_marks.values())
+    priced: list[tuple[Workload, int, float, float, float]] = []
+    for r in answered:
+        a = build_profile(
+            r.body, seed=0, index=0, max_tokens=2, now_s=r.at / scale, drift=spec.drift
+        ).acceptance
+        load = loads.get(r.index, 1.0)
+        decode = max(r.completion_tokens - 1, 0)
+        on_spec = decode / expected_tokens_per_step(a, data.k)
+        cost_spec = on_spec * step_seconds(CostModel(), load, data.k) / load
+        cost_std = decode * step_seconds(CostModel(), load, None) / load
+        routed = cost_spec if r.pool == SPEC_POOL else cost_std
+        if r.pool != SPEC_POOL and r.mirrored:
+            routed += cost_spec
+        phase = sum(1 for m in marks if m <= r.at)
+        priced.append((r.workload, phase, routed, cost_spec, cost_std))
+    rows = [_row(w, [p for p in priced if p[0] is w]) for w in ORDER]
+    return [*rows, _row(None, priced)]
+
+
+def _row(
+    workload: Workload | None, priced: list[tuple[Workload, int, float, float, float]]
+) -> ReplayRow:
+    if not priced:
+        return ReplayRow(workload, 0, dict.fromkeys(WAYS))
+    oracle: dict[tuple[Workload, int], list[float]] = {}
+    for w, phase, _, spec, std in priced:
+        cell = oracle.setdefault((w, phase), [0.0, 0.0])
+        cell[0] += spec
+        cell[1] += std
+    cost: dict[str, float | None] = {
+        "routed": sum(p[2] for p in priced),
+        "speculative": sum(p[3] for p in priced),
+        "standard": sum(p[4] for p in priced),
+        "oracle": sum(min(c) for c in oracle.values()),
     }
-    rows = []
-    for workload in ORDER:
-        mine = [i for i, r in enumerate(answered) if r.workload is workload]
-        tpot = {way: _mean_tpot(by_way[way][i] for i in mine) for way in WAYS}
-        rows.append(ReplayRow(workload, len(mine), tpot))
-    everyone = range(len(answered))
-    total = {way: _mean_tpot(by_way[way][i] for i in everyone) for way in WAYS}
-    rows.append(ReplayRow(None, len(answered), total))
-    return rows
+    return ReplayRow(workload, len(priced), cost)
 
 
-def _routed(
-    answered: Sequence[Result], trace: Sequence[TimedRequest], spec: SimConfig, std: SimConfig
-) -> list[RequestResult]:
-    on_spec = [i for i, r in enumerate(answered) if r.pool == SPEC_POOL]
-    mirrors = [i for i, r in enumerate(answered) if r.pool != SPEC_POOL and r.mirrored]
-    on_std = [i for i, r in enumerate(answered) if r.pool != SPEC_POOL]
-    spec_out = simulate([trace[i] for i in on_spec + mirrors], spec)[: len(on_spec)]
-    std_out = simulate([trace[i] for i in on_std], std)
-    out: dict[int, RequestResult] = dict(zip(on_spec, spec_out, strict=True))
-    out.update(zip(on_std, std_out, strict=True))
-    return [out[i] for i in range(len(answered))]
-
-
-def _replicas(trace: Sequence[TimedRequest], config: SimConfig, n: int = 2) -> list[RequestResult]:
-    """``trace`` dealt round-robin to ``n`` servers of ``config``; results in trace order."""
-    out: dict[int, RequestResult] = {}
-    for replica in range(n):
-        mine = list(range(replica, len(trace), n))
-        seeded = replace(config, seed=config.seed + 1000 * replica)
-        out.update(zip(mine, simulate([trace[i] for i in mine], seeded), strict=True))
-    return [out[i] for i in range(len(trace))]
-
-
-def _mean_tpot(results: Iterable[RequestResult]) -> float | None:
-    values = [r.tpot for r in results if r.completion_tokens > 1]
-    return sum(values) / len(values) if values else None
+def _loads(results: Sequence[Result]) -> dict[int, float]:
+    """Each request's mean requests in flight per server over both servers while it ran."""
+    spans = [(r.at, r.done_at) for r in results if r.done_at > r.at]
+    out = {}
+    for r in results:
+        if r.done_at <= r.at:
+            continue
+        overlap = sum(
+            min(r.done_at, e) - max(r.at, s) for s, e in spans if s < r.done_at and e > r.at
+        )
+        out[r.index] = max(overlap / (r.done_at - r.at) / _SERVERS, 1.0)
+    return out

@@ -1,4 +1,8 @@
-"""Render a demo ``Summary`` for people: rich tables on a console. No computation here."""
+"""Render a demo ``Summary`` for people: rich tables on a console. No computation here.
+
+The per-slice numbers are the pilot report's (``speclane report`` over the gateway's own
+request records); the demo adds what only it knows: the guardrail's story, the replays
+against fixed pools, and shadow traffic."""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ from rich.text import Text
 from backends.sim.model import CostModel
 from gateway.demo.policy import SPEC_POOL, STANDARD_POOL
 from gateway.demo.replay import ReplayRow
-from gateway.demo.summary import ShadowLine, Summary, WorkloadRow
+from gateway.demo.summary import ShadowLine, Summary
 from gateway.demo.workload import DOCUMENT_TOKENS
+from gateway.report import render as pilot
 
 _PREFILL_NOTE = (
     "Per-workload rows also show who shares a server: in the adaptive run the standard server "
@@ -24,47 +29,20 @@ def _ms(seconds: float | None, scale: float = 1.0) -> str:
     return "-" if seconds is None else f"{seconds * 1000 / scale:.1f}"
 
 
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
 def show(console: Console, summary: Summary) -> None:
     scale = float(summary.options["time_scale"])
     console.print()
-    console.print(_workloads(summary.workloads, scale))
+    pilot.show(console, summary.pilot)
+    if scale != 1:
+        console.print(
+            f"times in the report are wall-clock: model time x {scale:g} (the sims' --time-scale)",
+            style="dim",
+        )
     console.print(_drift_line(summary.drift))
     console.print(_events(summary))
     console.print(_replay(summary.replay))
     console.print(_PREFILL_NOTE, style="dim")
     console.print(_shadow(summary.shadow, float(summary.options["guardrail"]["min_acceptance"])))
-
-
-def _workloads(rows: list[WorkloadRow], scale: float) -> Table:
-    caption = "TTFT and TPOT: measured by the client, in ms of model time"
-    if scale != 1:
-        caption += f" (wall-clock ms / {scale:g}, the sims' --time-scale)"
-    table = Table(title="(a) Per workload", title_justify="left", caption=caption)
-    table.add_column("workload", no_wrap=True)
-    heads = ["requests", "errors", f"on {SPEC_POOL}", f"on {STANDARD_POOL}"]
-    heads += ["mean acc. length", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
-    for head in heads:
-        table.add_column(head, justify="right")
-    for row in rows:
-        std = None if row.spec_share is None else 1 - row.spec_share
-        length = "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}"
-        table.add_row(
-            row.label,
-            str(row.requests),
-            str(row.errors),
-            _share(row.spec_share),
-            _share(std),
-            length,
-            _ms(row.ttft_p50_wall_s, scale),
-            _ms(row.ttft_p99_wall_s, scale),
-            _ms(row.tpot_p50_wall_s, scale),
-            _ms(row.tpot_p99_wall_s, scale),
-        )
-    return table
 
 
 def _drift_line(drift: dict[str, float]) -> Text:
@@ -89,36 +67,39 @@ def _events(summary: Summary) -> Table | Text:
 
 def _replay(rows: list[ReplayRow]) -> Table:
     table = Table(
-        title="(c) Mean time per output token, ms of model time: virtual-time replays of the "
-        "recorded trace (same arrival offsets, bodies and drift schedule)",
+        title="(c) What the routing cost: decode seconds of one server per request, priced "
+        "load-neutrally with the simulator's cost model",
         title_justify="left",
-        caption="open-loop replays through backends.sim.virtual on two servers each: "
-        "'adaptive' sends each request to the pool the gateway chose (shadow mirrors add load "
-        "to the speculative one), 'always X' deals requests in turn to two X servers",
+        caption="every request priced on each pool at the load the run actually carried "
+        "(its true acceptance, the drift included); 'oracle' takes the cheaper pool per "
+        "workload and phase; the same load for every way keeps capacity out of it",
     )
     heads = ("workload", "requests", "adaptive", "always speculative", "always standard")
-    for head in (*heads, "adaptive vs best fixed"):
+    for head in (*heads, "oracle", "adaptive vs oracle"):
         table.add_column(head, justify="left" if head == "workload" else "right")
     for row in rows:
         label = row.workload.value if row.workload else "all"
-        tpot = row.tpot_s
+        cost = row.cost
+        n = max(row.requests, 1)
         table.add_row(
             Text(label, style="bold" if row.workload is None else ""),
             str(row.requests),
-            _ms(tpot["routed"]),
-            _ms(tpot["speculative"]),
-            _ms(tpot["standard"]),
-            _versus(tpot),
+            *(_per_request(cost[way], n) for way in ("routed", "speculative", "standard")),
+            _per_request(cost["oracle"], n),
+            _versus(cost),
         )
     return table
 
 
-def _versus(tpot: dict[str, float | None]) -> str:
-    fixed = [v for k, v in tpot.items() if k != "routed" and v is not None]
-    routed = tpot["routed"]
-    if routed is None or not fixed or not min(fixed):
+def _per_request(seconds: float | None, n: int) -> str:
+    return "-" if seconds is None else f"{seconds / n * 1000:.1f} ms"
+
+
+def _versus(cost: dict[str, float | None]) -> str:
+    routed, oracle = cost["routed"], cost["oracle"]
+    if routed is None or not oracle:
         return "-"
-    return f"{routed / min(fixed):.2f}x"
+    return f"{routed / oracle:.2f}x"
 
 
 def _shadow(shadow: ShadowLine, floor: float) -> Text:

@@ -23,14 +23,15 @@ from rich.console import Console
 from rich.live import Live
 
 from gateway.demo import driver, report
-from gateway.demo.cli import Options
 from gateway.demo.driver import Drift, RunState, Target
 from gateway.demo.live import keep_drawing, render
+from gateway.demo.options import Options
 from gateway.demo.policy import Tuning, demo_policy, for_duration
 from gateway.demo.replay import ReplayInput, replay
 from gateway.demo.stack import Stack, StackError, StackOptions
 from gateway.demo.summary import Summary, as_json, shadow_line, summarise
 from gateway.demo.workload import MODEL, Mix
+from gateway.report.stats import build
 
 
 def main(options: Options) -> int:
@@ -108,6 +109,7 @@ async def _drive(console: Console, options: Options, tuning: Tuning, stack: Stac
             await asyncio.gather(drawer, return_exceptions=True)
     async with httpx.AsyncClient(timeout=10) as client:
         stats = await driver.admin_get(client, target, "/admin/stats")
+        records = await driver.admin_get(client, target, "/admin/outcomes")
         metrics = (await client.get(stack.gateway_url + "/metrics")).text
     rows = replay(
         ReplayInput(state.results, state.drift_marks, drift, options.time_scale, options.seed)
@@ -118,6 +120,7 @@ async def _drive(console: Console, options: Options, tuning: Tuning, stack: Stac
         stack=dict(stack.describe()),
         replay=rows,
         shadow=shadow_line(state.results, stats, metrics, tuning.window_s),
+        pilot=build(records.get("outcomes") or []),
     )
 
 

@@ -15,6 +15,8 @@ from gateway.demo.live import event_row
 from gateway.demo.policy import SPEC_POOL
 from gateway.demo.replay import ReplayRow
 from gateway.demo.workload import LABELS, ORDER
+from gateway.report import render as pilot_render
+from gateway.report.stats import Report
 
 _SHADOW_LINE = re.compile(r"^speclane_shadow_mirrors_total\{(?P<labels>[^}]*)\}\s+(?P<n>\S+)$")
 _RESULT_LABEL = re.compile(r'result="(?P<result>[^"]*)"')
@@ -71,6 +73,7 @@ class Summary:
     events: list[EventRow]
     replay: list[ReplayRow]
     shadow: ShadowLine
+    pilot: Report
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -149,6 +152,7 @@ def summarise(
     stack: dict[str, Any],
     replay: list[ReplayRow],
     shadow: ShadowLine,
+    pilot: Report,
 ) -> Summary:
     results = state.results
     events = [
@@ -169,16 +173,18 @@ def summarise(
         events=events,
         replay=replay,
         shadow=shadow,
+        pilot=pilot,
     )
 
 
 def as_json(summary: Summary) -> dict[str, Any]:
     body = asdict(summary)
+    body["pilot"] = pilot_render.as_json(summary.pilot)
     body["replay"] = [
         {
             "workload": row.workload.value if row.workload else "all",
             "requests": row.requests,
-            "mean_tpot_model_s": row.tpot_s,
+            "decode_cost_s": row.cost,
         }
         for row in summary.replay
     ]

@@ -2,8 +2,9 @@
 
 PromQL is not parsed in full; the dashboard's queries are simple enough that removing
 strings, label matchers, ranges and grouping clauses leaves only function names, numbers and
-metric names. Anything left that is neither a known function nor a speclane or vLLM metric
-is reported, so a query this reading does not understand fails loudly.
+metric names. Anything left that is neither a known function nor a speclane, vLLM or
+prometheus-client process metric is reported, so a query this reading does not understand
+fails loudly.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 PATH = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "speclane.json"
 
+PREFIXES = ("speclane_", "vllm:", "process_", "python_")
 _FUNCTIONS = """
     sum min max avg count stddev topk bottomk quantile by without on ignoring group_left
     group_right and or unless bool offset rate irate increase delta histogram_quantile
@@ -27,7 +29,7 @@ FUNCTIONS = frozenset(_FUNCTIONS.split())
 _MATCHERS = re.compile(r"\{([^}]*)\}")
 _MATCHER_LABEL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
 _RANGE = re.compile(r"\[[^\]]*\]")
-_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
 _LABEL_VALUES = re.compile(r"label_values\(\s*([^,{]+)(?:\{[^}]*\})?\s*,\s*(\w+)\s*\)")
 _IDENTIFIER = re.compile(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*")
 
@@ -59,7 +61,7 @@ def read(where: str, expr: str) -> Query:
         labels.update(label.strip() for label in group.split(",") if label.strip())
     rest = _GROUPING.sub(" ", rest)
     names = set(_IDENTIFIER.findall(rest)) - FUNCTIONS
-    metrics = {n for n in names if n.startswith(("speclane_", "vllm:"))}
+    metrics = {n for n in names if n.startswith(PREFIXES)}
     return Query(where, expr, frozenset(metrics), frozenset(labels), frozenset(names - metrics))
 
 

@@ -7,7 +7,10 @@ for the features the manifests use and nothing more:
   ``kustomization.yaml``, rendered recursively, in order;
 - ``configMapGenerator``: ``name``, ``files`` (key = the file's name, or ``key=path``),
   ``behavior`` ``create`` or ``replace``, and ``options.disableNameSuffixHash: true``
-  (name hashing is not implemented, so it must be switched off).
+  (name hashing is not implemented, so it must be switched off);
+- ``images``: ``name`` with ``newName``, ``newTag`` and/or ``digest``, applied to the
+  containers and init containers of every pod template rendered at or below that level
+  (what ``kustomize edit set image`` writes).
 
 A kustomization that uses anything else is an error here, so the manifests cannot drift
 past what CI checks. Like kustomize, two objects with the same kind and name are an error,
@@ -23,8 +26,9 @@ import yaml
 
 Obj = dict[str, Any]
 
-_KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator"}
+_KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "images"}
 _GENERATOR_KEYS = {"name", "files", "behavior", "options"}
+_IMAGE_KEYS = {"name", "newName", "newTag", "digest"}
 
 
 class KustomizeError(Exception):
@@ -49,8 +53,40 @@ def render(directory: Path) -> list[Obj]:
             objects.extend(d for d in yaml.safe_load_all(_inside(directory, path).read_text()) if d)
     for generator in spec.get("configMapGenerator", []):
         _generate(directory, generator, objects)
+    for image in spec.get("images", []):
+        _set_image(directory, image, objects)
     _check_unique(directory, objects)
     return objects
+
+
+def _set_image(directory: Path, image: Obj, objects: list[Obj]) -> None:
+    unknown = set(image) - _IMAGE_KEYS
+    if unknown or "name" not in image:
+        raise KustomizeError(f"{directory}: unsupported images entry {image}")
+    for obj in objects:
+        template = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for container in template.get("containers", []) + template.get("initContainers", []):
+            name, sep, tag = _split_image(container["image"])
+            if name != image["name"]:
+                continue
+            name = image.get("newName", name)
+            if "digest" in image:
+                sep, tag = "@", image["digest"]
+            elif "newTag" in image:
+                sep, tag = ":", str(image["newTag"])
+            container["image"] = f"{name}{sep}{tag}"
+
+
+def _split_image(image: str) -> tuple[str, str, str]:
+    """``name``, the separator (``:``, ``@`` or empty) and the tag or digest."""
+    if "@" in image:
+        name, _, digest = image.partition("@")
+        return name, "@", digest
+    slash = image.rfind("/")
+    colon = image.rfind(":")
+    if colon > slash:
+        return image[:colon], ":", image[colon + 1 :]
+    return image, "", ""
 
 
 def _generate(directory: Path, generator: Obj, objects: list[Obj]) -> None:

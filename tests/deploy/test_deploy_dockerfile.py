@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +90,10 @@ def test_listens_on_every_interface_on_the_settings_default_port() -> None:
     assert {k for k in values if k.startswith("SPECLANE_")} <= known
 
 
+def test_workers_follow_the_containers_cpus_when_redis_is_set() -> None:
+    assert env(stages()[-1])["SPECLANE_WORKERS"] == "auto"
+
+
 def test_the_entrypoint_is_the_speclane_console_script_serving(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -97,7 +101,7 @@ def test_the_entrypoint_is_the_speclane_console_script_serving(
     script, *args = json.loads(entrypoint)
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert script in scripts
-    assert scripts[script] == "gateway.cli:main"
+    assert scripts[script] == "gateway.cli.main:main"
     with pytest.raises(SystemExit) as exited:
         main([*args, "--help"])
     assert exited.value.code == 0

@@ -6,6 +6,7 @@ policy and the Services it points at, the vLLM flags speclane relies on, probes,
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -17,10 +18,10 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from gateway.policyfile import PolicyHolder
 from gateway.settings import Settings
+from gateway.state.policyfile import PolicyHolder
 from policies.compiled import load_policy
-from policies.model import PoolKind
+from policies.model import Engine, PoolKind
 from tests.deploy.kustomize_subset import KustomizeError, Obj, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +208,7 @@ def test_a_configmap_update_reaches_the_running_policy(tmp_path: Path) -> None:
     assert not holder.changed_on_disk()
     publish("2", rendered("gpu"))
     assert holder.changed_on_disk()
-    assert holder.reload().changed
+    assert asyncio.run(holder.reload()).changed
     assert "spec-eagle3" in holder.current.pools
 
 
@@ -218,6 +219,16 @@ def test_the_gateway_reaches_redis_through_its_service(overlay: str) -> None:
     service = one(objects, "Service", url.hostname or "")
     assert url.port in [p["port"] for p in service["spec"]["ports"]]
     assert selects(service["spec"]["selector"], one(objects, "Deployment", "speclane-redis"))
+
+
+@overlays
+def test_the_gateway_runs_a_worker_per_requested_cpu_sharing_state_in_redis(overlay: str) -> None:
+    container = gateway_container(rendered(overlay))
+    env = env_of(container)
+    workers = Settings(workers=env["SPECLANE_WORKERS"], redis_url=env["SPECLANE_REDIS_URL"])
+    assert workers.several_workers
+    cpu = container["resources"]["requests"]["cpu"]
+    assert str(workers.workers) == cpu, "one CPU requested per worker"
 
 
 def _backend(objects: tuple[Obj, ...], endpoint: str) -> tuple[Obj, Obj]:
@@ -265,7 +276,14 @@ def test_every_pool_endpoint_is_a_vllm_service_serving_that_pool(overlay: str) -
                 assert spec_config is not None, f"{name}: no --speculative-config"
                 k = json.loads(spec_config)["num_speculative_tokens"]
                 assert k == pool.num_speculative_tokens, f"{name}: the server's k is {k}"
-                assert flag(args, "--per-request-spec-decode-metrics") == "summary", name
+                # per-request metrics where the engine has them (vLLM >= 0.29); the
+                # Neuron plugin's vLLM 0.11 would refuse the flags and not start
+                per_request = flag(args, "--per-request-spec-decode-metrics")
+                if pool.engine is Engine.VLLM:
+                    assert per_request == "summary", name
+                else:
+                    assert per_request is None, f"{name}: {pool.engine.value} has no such flag"
+                    assert "--enable-per-request-metrics" not in args, name
             else:
                 assert spec_config is None, f"{name}: a standard pool speculates"
             for probe in ("readinessProbe", "livenessProbe"):
@@ -310,3 +328,15 @@ def test_the_subset_refuses_what_it_does_not_render(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text("x: 1\n")
     with pytest.raises(KustomizeError, match="nothing to replace"):
         render(tmp_path)
+
+
+def test_the_trainium_overlay_runs_the_trainium_example_policy() -> None:
+    """The example for Qwen3-32B + Qwen3-1.7B at k=7 on Trainium2 is the overlay's policy,
+    and its pools judge by speed: engine vllm-neuron, economic guardrail, no threshold."""
+    example = ROOT / "policies" / "examples" / "trainium2-qwen3-32b-k7.yaml"
+    schema_line = "# yaml-language-server: $schema=../policy.schema.json\n#\n"
+    assert schema_line + policy_of(rendered("trainium")) == example.read_text()
+    policy = load_policy(example.read_text())
+    spec = policy.pools["spec-k7"]
+    assert (spec.engine, spec.num_speculative_tokens) == (Engine.VLLM_NEURON, 7)
+    assert all(r.guardrail.mode.value == "economic" for r in policy.rules)

@@ -1,14 +1,17 @@
 """What deploy/ assumes about a running gateway, checked against one: the metric and label
 names the Grafana dashboard queries, and the paths the Kubernetes probes ask.
 
-The gateway runs on loopback in front of two fake vLLM upstreams, with a Redis URL nobody
+The gateway runs on loopback in front of two simulated vLLM pools, with a Redis URL nobody
 listens on (so the shared state is degraded and counts sync errors), and is driven through
 one request of every kind a dashboard panel shows: served by speculation (acceptance,
-TTFT, TPOT, a guardrail transition), failed over, mirrored in shadow, and a policy reload.
+TTFT, TPOT, a guardrail transition), failed over, mirrored in shadow, a structured answer,
+one vLLM refuses, and a policy reload.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,10 +21,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends.sim.config import Mode, SimConfig
+from backends.sim.server import create_app as sim_app
 from gateway.services import Services
 from tests.deploy import dashboard
 from tests.deploy.kustomize_subset import render
-from tests.fakes import FakeUpstream
 from tests.gateways import gateway, policy_yaml, settings
 from tests.servers import free_port, serving
 
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.anyio
 
 BASE = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"
 TOKEN = "test-admin-token"
+TARGET_LABELS = {"instance", "job"}  # Prometheus adds them to every scraped series
 RULES = """
 rules:
   - name: creative
@@ -37,18 +42,19 @@ rules:
     shadow_fraction: 1.0
   - name: default
     start: spec
-    # Any speculation is too slow for this guardrail: the first answer moves the slice down.
-    guardrail: {mode: speedup, min_speedup: 100, recover_speedup: 200, min_samples: 1}
 """
-# Declared in gateway/telemetry.py but never updated by the gateway, so never exported;
-# test_the_in_flight_gauge_is_exported fails (strictly) once that is fixed.
 
 
 @asynccontextmanager
-async def running(tmp: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstream, Services]]:
-    spec, standard = FakeUpstream(), FakeUpstream()
-    async with serving(spec.app()) as spec_url, serving(standard.app()) as std_url:
-        text = policy_yaml([spec_url], [std_url], rules=RULES)
+async def running(tmp: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str, Services]]:
+    """A gateway in front of a speculative and a standard simulator; yields a client for
+    it, the speculative simulator's URL and the gateway's services."""
+    spec = SimConfig(mode=Mode.SPECULATIVE, served_model_names=("tiny",), time_scale=0.02)
+    std = SimConfig(mode=Mode.STANDARD, served_model_names=("tiny",), time_scale=0.02)
+    async with serving(sim_app(spec)) as spec_url, serving(sim_app(std)) as std_url:
+        text = policy_yaml([spec_url], [std_url], rules=RULES).replace(
+            "kind: standard", "kind: standard\n    cost_per_hour: 10"
+        )
         configured = settings(
             tmp,
             text,
@@ -58,52 +64,71 @@ async def running(tmp: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstr
         )
         async with (
             gateway(configured) as (url, services),
-            httpx.AsyncClient(base_url=url) as client,
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
         ):
-            yield client, spec, services
+            yield client, spec_url, services
 
 
-async def chat(client: httpx.AsyncClient, temperature: float) -> None:
+async def chat(client: httpx.AsyncClient, temperature: float, status: int = 200, **more) -> None:
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "hi"}],
         "temperature": temperature,
+        "max_tokens": 24,
     }
-    response = await client.post("/v1/chat/completions", json=body)
-    assert response.status_code == 200, response.text
+    response = await client.post("/v1/chat/completions", json=body | more)
+    assert response.status_code == status, response.text
 
 
-async def exposition(tmp: Path) -> dict[str, set[str]]:
-    """Sample names on /metrics after one request of every kind, with their label names."""
-    async with running(tmp) as (client, spec, services):
-        spec.behaviour.status = 503
-        await chat(client, 0.2)  # speculation fails, standard serves: a failover
-        spec.behaviour.status = 200
-        await chat(client, 0.2)  # served by speculation; the guardrail falls back
+async def drive(client: httpx.AsyncClient, spec: str, services: Services) -> None:
+    """One request of every kind a dashboard panel shows."""
+    await client.post(spec + "/sim/control", json={"faults": {"overloaded": True}})
+    await chat(client, 0.2)  # speculation fails, standard serves: a failover
+    await client.post(spec + "/sim/control", json={"faults": {"overloaded": False}})
+    for _ in range(6):  # served by speculation; the pools learn their step times
+        await chat(client, 0.2)
         await chat(client, 1.0)  # served by standard, mirrored to speculation
-        reload = await client.post(
-            "/admin/policy/reload", headers={"authorization": f"Bearer {TOKEN}"}
-        )
-        assert reload.status_code == 200, reload.text
-        assert services.stats.events, "no guardrail transition happened"
+    await chat(client, 0.2, response_format={"type": "json_object"})
+    await client.post(spec + "/sim/control", json={"faults": {"broken_structure": 1.0}})
+    await chat(client, 0.2, response_format={"type": "json_object"}, max_tokens=400)  # no parse
+    await client.post(spec + "/sim/control", json={"faults": {"die_rate": 1.0}})
+    await chat(client, 0.2, stream=True)  # breaks after it started: an error outcome
+    await client.post(spec + "/sim/control", json={"faults": {"die_rate": 0.0}})
+    await chat(client, 0.2, 400, logprobs=True, top_logprobs=50)  # vLLM refuses it
+    await chat(client, 0.2, 400, n="two")  # speclane refuses it
+    (key,) = [k for k in services.stats.summary(time.time()) if k.startswith("default")]
+    # the shadow canary's alarm moves the slice down: a guardrail transition
+    services.stats.alarm(key, "canary: greedy output differs", {}, time.time())
+    reload = await client.post("/admin/policy/reload", headers={"authorization": f"Bearer {TOKEN}"})
+    assert reload.status_code == 200, reload.text
+    assert services.stats.events, "no guardrail transition happened"
+    while services.shadow.in_flight:
+        await asyncio.sleep(0.01)
+
+
+async def exposition(tmp: Path) -> tuple[dict[str, set[str]], str]:
+    """Sample names on /metrics after one request of every kind, with their label names,
+    and the exposition's text."""
+    async with running(tmp) as (client, spec, services):
+        await drive(client, spec, services)
         text = (await client.get("/metrics")).text
     labels: dict[str, set[str]] = defaultdict(set)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels[sample.name].update(sample.labels)
-    return labels
+    return labels, text
 
 
 async def test_the_dashboard_queries_only_metrics_and_labels_the_gateway_exposes(
     tmp_path: Path,
 ) -> None:
-    exposed = await exposition(tmp_path)
+    exposed, _ = await exposition(tmp_path)
     for query in dashboard.queries(dashboard.load()):
-        ours = {m for m in query.metrics if m.startswith("speclane_")}
+        ours = {m for m in query.metrics if not m.startswith("vllm:")}
         missing = ours - set(exposed)
         assert not missing, f"{query.where}: {sorted(missing)} not on /metrics"
         if ours and ours == query.metrics:
-            known = set().union(*(exposed[m] for m in ours))
+            known = set().union(*(exposed[m] for m in ours)) | TARGET_LABELS
             assert query.labels <= known, f"{query.where}: labels {sorted(query.labels - known)}"
 
 

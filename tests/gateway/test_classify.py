@@ -7,6 +7,7 @@ import pytest
 
 from gateway import tokens
 from gateway.classify import Defaults, classify
+from gateway.identity import caller_from, key_hash
 from gateway.schema import parse
 from policies.features import ResponseFormat
 
@@ -38,8 +39,11 @@ def chat(**extra):
             {"response_format": ResponseFormat.JSON_SCHEMA, "schema_name": "person"},
         ),
         (chat(response_format={"type": "structural_tag"}), {"response_format": "text"}),
-        (chat(user="u-7"), {"routing_key": "u-7"}),
-        (chat(), {"routing_key": "req-1", "tenant": "", "endpoint": "/v1/chat/completions"}),
+        (chat(user="u-7"), {"routing_key": "anonymous/u-7"}),
+        (
+            chat(),
+            {"routing_key": "req-1", "tenant": "anonymous", "endpoint": "/v1/chat/completions"},
+        ),
     ],
 )
 def test_chat_features(body, expected):
@@ -48,13 +52,42 @@ def test_chat_features(body, expected):
         assert getattr(got, name) == value, name
 
 
-def test_tenant_from_header_or_api_key_hash_never_the_key():
-    by_header = features(chat(), {"x-speclane-tenant": "acme", "authorization": "Bearer sk-1"})
-    by_key = features(chat(), {"authorization": "Bearer sk-1"})
-    other_key = features(chat(), {"authorization": "Bearer sk-2"})
-    assert by_header.tenant == "acme" and by_header.routing_key == "acme"
-    assert by_key.tenant.startswith("key-") and "sk-1" not in by_key.tenant
-    assert by_key.tenant != other_key.tenant
+KEYS = {key_hash("sk-acme"): "acme", key_hash("sk-beta"): "beta"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "trusted", "tenant", "sticky"),
+    [
+        ({"authorization": "Bearer sk-acme"}, None, "acme", "acme"),
+        ({"authorization": "bearer sk-beta"}, None, "beta", "beta"),
+        ({"authorization": "Bearer sk-acme", "x-speclane-tenant": "beta"}, None, "acme", "acme"),
+        ({"x-speclane-tenant": "acme"}, None, "anonymous", ""),
+        ({"x-tenant": "beta", "authorization": "Bearer sk-acme"}, "x-tenant", "beta", "beta"),
+        ({"x-tenant": "no spaces", "authorization": "Bearer sk-acme"}, "x-tenant", "acme", "acme"),
+        ({}, None, "anonymous", ""),
+        ({"authorization": "Basic c2stYWNtZQ=="}, None, "anonymous", ""),
+    ],
+)
+def test_the_tenant_comes_from_a_known_key_or_a_trusted_header(headers, trusted, tenant, sticky):
+    caller = caller_from(headers, trusted, KEYS)
+    assert (caller.tenant, caller.sticky) == (tenant, sticky)
+
+
+def test_an_unknown_key_is_anonymous_with_a_pseudonym_never_the_key():
+    one = caller_from({"authorization": "Bearer sk-1"}, None, KEYS)
+    other = caller_from({"authorization": "Bearer sk-2"}, None, KEYS)
+    assert one.tenant == other.tenant == "anonymous"
+    assert one.sticky.startswith("key-") and "sk-1" not in one.sticky and one.sticky != other.sticky
+
+
+def test_a_user_is_scoped_by_its_tenant_and_cannot_pick_one():
+    request, _ = parse(orjson.dumps(chat(user="acme")), "chat")
+    acme = caller_from({"authorization": "Bearer sk-acme"}, None, KEYS)
+    beta = caller_from({"authorization": "Bearer sk-beta"}, None, KEYS)
+    in_acme = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, acme)
+    in_beta = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, beta)
+    assert (in_acme.tenant, in_beta.tenant) == ("acme", "beta")
+    assert in_acme.routing_key == "acme/acme" and in_beta.routing_key == "beta/acme"
 
 
 def test_tool_definitions_count_as_prompt_tokens():

@@ -51,3 +51,26 @@ def test_completions_need_a_prompt():
     with pytest.raises(ApiError) as error:
         parse(b'{"model": "m"}', "completion")
     assert error.value.param == "prompt"
+
+
+def nested(levels: int) -> bytes:
+    """A chat body whose deepest value sits ``levels`` arrays and objects down."""
+    inner = "[" * (levels - 5) + "1" + "]" * (levels - 5)
+    return (
+        '{"model": "m", "messages": [{"role": "u", "content": [{"x": ' + inner + "}]}]}"
+    ).encode()
+
+
+@pytest.mark.parametrize("levels", [129, 254, 300, 1023, 1100, 100_000])
+def test_one_depth_limit_for_every_depth_past_it(levels):
+    with pytest.raises(ApiError) as refused:
+        parse(nested(levels), "chat")
+    assert refused.value.status == 400
+    assert "nested deeper than 128" in refused.value.message or "not valid JSON" in (
+        refused.value.message
+    )
+
+
+def test_the_deepest_body_accepted_can_be_written_out_again():
+    _, payload = parse(nested(128), "chat")
+    assert orjson.loads(orjson.dumps(payload)) == payload

@@ -7,7 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
+from gateway.identity import key_hash
 from tests.fakes import FakeUpstream
 from tests.gateways import fake_stack
 
@@ -23,6 +24,7 @@ pools:
   spec: {{kind: speculative, model: tiny, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
   standard: {{kind: standard, model: tiny, endpoints: ["{std}"]}}
 ladder: [spec, standard]
+guardrail: {{mode: threshold}}  # these tests are about flags: no exploration
 flags:
   spec-json: {{enabled: true, description: structured output on speculation}}
 rules:
@@ -31,7 +33,9 @@ rules:
     start: spec
     flag: spec-json
   - {{name: default, start: spec}}
-"""
+tenants:
+  acme: {{api_keys: [KEY_ACME]}}
+""".replace("KEY_ACME", key_hash("sk-acme"))
 
 
 async def pool_of(c: httpx.AsyncClient, url: str, body: dict, **headers: str) -> str:
@@ -109,8 +113,8 @@ async def test_rule_flag_rollout_and_tenants(tmp_path):
             json={"enabled": True, "tenants": {"deny": ["acme"]}},
             headers=AUTH,
         )
-        assert await pool_of(c, url, json_chat, **{"x-speclane-tenant": "acme"}) == "standard"
-        assert await pool_of(c, url, json_chat, **{"x-speclane-tenant": "other"}) == "spec"
+        assert await pool_of(c, url, json_chat, authorization="Bearer sk-acme") == "standard"
+        assert await pool_of(c, url, json_chat, authorization="Bearer sk-other") == "spec"
         await c.put(url + "/admin/flags/spec-json", json={"rollout": 50}, headers=AUTH)
         pools = {
             user: await pool_of(c, url, {**json_chat, "user": user}) for user in map(str, range(40))
@@ -133,6 +137,31 @@ async def test_bad_flag_updates_are_400(tmp_path):
     assert bad_rollout.json()["error"]["param"] == "rollout"
 
 
+async def test_limits_of_the_audit_and_the_guardrail_are_checked(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        for i in range(3):
+            body = {"rollout": 10 * i, "reason": f"change {i}"}
+            assert (await c.put(url + "/admin/flags/spec-json", json=body, headers=AUTH)).is_success
+
+        async def audit(limit: str) -> httpx.Response:
+            return await c.get(url + "/admin/audit", params={"limit": limit}, headers=AUTH)
+
+        bad = [await audit(v) for v in ("abc", "0", "-1", "1.5", "", "²")]
+        bad.append(await c.get(url + "/admin/guardrail?limit=abc", headers=AUTH))
+        one = (await audit("1")).json()["audit"]
+        huge = (await audit("9" * 5000)).json()["audit"]
+        events = await c.get(url + "/admin/guardrail?limit=99999999999", headers=AUTH)
+    assert [r.status_code for r in bad] == [400] * 7
+    assert all(r.json()["error"]["param"] == "limit" for r in bad)
+    assert [e["reason"] for e in one] == ["change 2"]
+    assert [e["reason"] for e in huge] == ["change 0", "change 1", "change 2"]
+    assert events.status_code == 200
+
+
 async def test_reload_keeps_the_running_policy_when_the_new_one_is_bad(tmp_path):
     fake = FakeUpstream()
     async with (
@@ -145,7 +174,7 @@ async def test_reload_keeps_the_running_policy_when_the_new_one_is_bad(tmp_path)
         rejected = await c.post(url + "/admin/policy/reload", headers=AUTH)
         assert rejected.status_code == 422
         errors = rejected.json()["errors"]
-        assert any(":12:12: error: rules.0.start" in e and "spek" in e for e in errors), errors
+        assert any(":13:12: error: rules.0.start" in e and "spek" in e for e in errors), errors
         assert await pool_of(c, url, CHAT) == "spec"
         path.write_text(
             good.replace("{name: default, start: spec}", "{name: default, start: standard}")
@@ -168,3 +197,40 @@ async def test_flags_cli_sets_and_lists(tmp_path, capsys):
     out = capsys.readouterr()
     assert "speculation" in out.out and "off" in out.out
     assert wrong == 1 and "wrong token" in out.err
+
+
+async def test_flags_cli_takes_options_after_the_sub_command(tmp_path, capsys):
+    fake = FakeUpstream()
+    async with fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _):
+        late = ["list", "--gateway", url, "--token", TOKEN]
+        assert await asyncio.to_thread(main, ["flags", *late]) == 0
+        mixed = ["flags", "--gateway", url, "get", "spec-json", "--token", TOKEN, "--json"]
+        assert await asyncio.to_thread(main, mixed) == 0
+    out = capsys.readouterr().out
+    assert "speculation\ton\t" in out  # piped: one tab-separated line per flag, never cut
+    assert '"name": "spec-json"' in out
+
+
+async def test_a_misspelt_flag_is_refused_with_a_suggestion(tmp_path, capsys):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        common = ["flags", "--gateway", url, "--token", TOKEN]
+        typo = await asyncio.to_thread(main, [*common, "set", "speculaton", "--off"])
+        assert await pool_of(c, url, CHAT) == "spec"  # nothing changed
+        created = await asyncio.to_thread(main, [*common, "set", "brand-new", "--create"])
+        again = await asyncio.to_thread(main, [*common, "set", "brand-new", "--off"])
+        audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
+    err = capsys.readouterr().err
+    assert typo == 1 and "Did you mean 'speculation'?" in err
+    assert created == 0 and again == 0  # once created, the name is known
+    assert [a["flag"] for a in audit] == ["brand-new", "brand-new"]
+
+
+async def test_flags_cli_without_a_token_says_so(capsys, monkeypatch):
+    monkeypatch.delenv("SPECLANE_ADMIN_TOKEN", raising=False)
+    code = await asyncio.to_thread(main, ["flags", "--gateway", "http://127.0.0.1:9", "list"])
+    assert code == 1
+    assert "no admin token: pass --token or set SPECLANE_ADMIN_TOKEN" in capsys.readouterr().err

@@ -40,8 +40,9 @@ def test_short_demo_run(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for title in ("(a) Per workload", "(c) Mean time per output token", "(d) shadow"):
+    for title in ("Pilot report", "(c) What the routing cost", "(d) shadow"):
         assert title in done.stdout
+    assert "chat / " in done.stdout
 
     summary = json.loads(out.read_text())
     rows = {row["workload"]: row for row in summary["workloads"]}
@@ -50,6 +51,8 @@ def test_short_demo_run(tmp_path: Path) -> None:
     assert rows["json"]["spec_share"] == 1.0 and rows["summarise"]["spec_share"] == 0.0
     assert rows["json"]["mean_acceptance_length"] > 3
     assert {row["workload"] for row in summary["replay"]} == WORKLOADS | {"all"}
+    everything = next(row for row in summary["replay"] if row["workload"] == "all")["decode_cost_s"]
+    assert everything["oracle"] <= min(everything["speculative"], everything["standard"])
 
     events = summary["guardrail_events"]
     assert isinstance(events, list)
@@ -58,6 +61,10 @@ def test_short_demo_run(tmp_path: Path) -> None:
     assert falls and falls[0]["slice"].startswith("code / "), events
     assert falls[0]["at_s"] > summary["drift"]["collapse"]
     assert summary["shadow"]["creative_requests"] == rows["creative"]["requests"]
+    chat = [a for a in summary["pilot"]["arms"] if a["slice"].startswith("chat / ")]
+    assert {a["arm"] for a in chat} == {"spec", "standard"}, chat  # the pilot's two arms
+    rules = {v["slice"].split(" / ")[0] for v in summary["pilot"]["verdicts"]}
+    assert rules >= {"chat", "structured-json", "code"}
 
     for child in summary["stack"].values():
         assert closed(child["url"]), child

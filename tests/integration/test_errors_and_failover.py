@@ -95,7 +95,7 @@ async def test_5xx_before_first_byte_fails_over_down_the_ladder(tmp_path):
     assert len(spec.received) == 1 and len(std.received) == 1
 
 
-async def test_dead_endpoint_fails_over_and_its_breaker_opens(tmp_path):
+async def test_dead_endpoint_fails_over_and_is_ejected(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     std = FakeUpstream()
     text = """
@@ -110,25 +110,29 @@ rules: [{{name: default, start: spec}}]
         fake_stack(tmp_path, std.app(), std.app(), text) as (url, services),
         httpx.AsyncClient() as c,
     ):
-        for _ in range(4):
+        for _ in range(6):
             response = await c.post(url + "/v1/chat/completions", json=CHAT)
             assert response.status_code == 200
             assert response.headers["x-speclane-pool"] == "standard"
         ready = (await c.get(url + "/readyz")).json()
-    breaker = ready["pools"]["spec"]["endpoints"][0]["breaker"]
-    assert breaker == "open"
+    assert ready["pools"]["spec"]["endpoints"][0]["health"] == "ejected"
+    assert ready["pools"]["spec"]["healthy"] is False
     assert ready["ready"] is True  # the model can still be served by its standard pool
 
 
 async def test_no_healthy_upstream_is_503_and_timeouts_are_504(tmp_path):
     down = FakeUpstream(Behaviour(status=503))
     async with fake_stack(tmp_path, down.app(), down.app()) as (url, _), httpx.AsyncClient() as c:
-        for _ in range(3):  # enough failures to open every breaker
+        first = await c.post(url + "/v1/chat/completions", json=CHAT)
+        for _ in range(5):  # enough failures in a row to eject every endpoint
             response = await c.post(url + "/v1/chat/completions", json=CHAT)
         ready = await c.get(url + "/readyz")
         metrics = (await c.get(url + "/metrics")).text
+    assert first.status_code == 503 and first.headers["retry-after"] == "1"
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "no_healthy_upstream"
+    assert 25 <= int(response.headers["retry-after"]) <= 30  # until the first one returns
+    assert len(down.received) == 12  # all ejected, and still every request tried both
     # still ready: answering 503s beats a Service with no ready pods refusing connections
     assert ready.status_code == 200 and ready.json()["upstreams_ok"] is False
     assert 'code="no_healthy_upstream"' in metrics and 'status="503"' in metrics
@@ -178,12 +182,24 @@ async def test_failure_after_first_byte_ends_with_an_error_event(tmp_path):
     assert std.received == []  # too late to fail over: the client already had tokens
 
 
-async def test_non_streaming_failure_mid_stream_is_502_not_a_truncated_answer(tmp_path):
+async def test_non_streaming_failure_mid_stream_is_retried_once_elsewhere(tmp_path):
+    spec = FakeUpstream(Behaviour(die_after=5))
+    std = FakeUpstream()
+    async with fake_stack(tmp_path, spec.app(), std.app()) as (url, _), httpx.AsyncClient() as c:
+        response = await c.post(url + "/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.headers["x-speclane-pool"] == "standard"
+    assert response.json()["choices"][0]["message"]["content"]
+    assert len(spec.received) == 1 and len(std.received) == 1
+
+
+async def test_non_streaming_failure_mid_stream_twice_is_502_not_a_truncated_answer(tmp_path):
     spec = FakeUpstream(Behaviour(die_after=5))
     async with fake_stack(tmp_path, spec.app(), spec.app()) as (url, _), httpx.AsyncClient() as c:
         response = await c.post(url + "/v1/chat/completions", json=CHAT)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_stream_broken"
+    assert len(spec.received) == 2  # retried once, no more
 
 
 async def test_client_disconnect_cancels_the_upstream_stream(tmp_path):

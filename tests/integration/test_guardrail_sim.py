@@ -4,6 +4,7 @@ slice is untouched, and probing brings the code slice back."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -22,6 +23,7 @@ pools:
   standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"]}}
 ladder: [spec, standard]
 guardrail:
+  mode: threshold
   min_acceptance: 0.4
   recover_above: 0.5
   min_samples: {min_samples}
@@ -97,3 +99,53 @@ async def test_collapse_falls_back_within_min_samples_and_probing_recovers(tmp_p
         assert [await code(c, url) for _ in range(3)] == ["spec"] * 3
         phases = [(e.before.phase, e.after.phase) for e in services.stats.events]
     assert phases == [("on", "fallen_back"), ("fallen_back", "probing"), ("probing", "on")]
+
+
+ECONOMIC = """
+version: 1
+pools:
+  spec: {{kind: speculative, model: qwen3-32b, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
+  standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"]}}
+ladder: [spec, standard]
+guardrail: {{window_s: 60, cooldown_s: 0.5, probe_fraction: 0.5}}
+rules:
+  - name: code
+    match: {{endpoint: [code-assist]}}
+    start: spec
+  - {{name: default, start: standard}}
+"""
+
+
+async def test_economic_guardrail_against_the_simulator_one_client_one_key(tmp_path):
+    sim = SimConfig(mode=Mode.SPECULATIVE, k=4, served_model_names=("qwen3-32b",), time_scale=0.1)
+    async with (
+        sim_stack(tmp_path, ECONOMIC, sim, admin_token="t") as (url, services, spec),
+        httpx.AsyncClient(timeout=10) as c,
+    ):
+        # the standard pool learns its step time from the traffic that starts there
+        assert {await send(c, url, CHAT) for _ in range(10)} == {"standard"}
+        assert {await code(c, url) for _ in range(8)} == {"spec"}
+        assert "standard" in services.stats.step_fits and "spec" in services.stats.step_fits
+
+        await c.post(spec + "/sim/control", json={"acceptance": {"code": 0.02}})
+        served = []
+        longer = CODE | {"max_tokens": 64}  # more steps per request: steadier step times
+        while len(served) < 60 and (not served or served[-1] == "spec"):
+            served.append(await send(c, url, longer, **{"x-speclane-endpoint": "code-assist"}))
+        # at batch 1 a collapse costs this simulator ~1.5x: a handful of requests, not 30;
+        # on a loaded machine the wall-clock step times are noisier, hence the margin
+        assert served[-1] == "standard" and len(served) <= 40, served
+        fall = services.stats.events[-1]
+        assert "cheaper below" in fall.reason and fall.numbers["cost_ratio"] > 1
+
+        await c.post(spec + "/sim/control", json={"acceptance": {"code": None}})
+        key = fall.slice
+        for sent in range(1, 200):  # one client, one key, no user: probes by request
+            await code(c, url)
+            state = services.stats.guards.get(key)
+            if state is None or state.offset == 0:
+                break
+            if sent % 10 == 0:
+                await asyncio.sleep(0.5)  # let a cooldown pass in wall time
+        assert state is None or state.offset == 0, services.stats.events
+        assert sent < 200

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.acceptance import Labels, Outcome, Signal, Status
+from gateway.measure.acceptance import Labels, Outcome, Signal, Status
 from gateway.services import Services
 from tests.fakes import FakeUpstream
 from tests.gateways import gateway, policy_yaml, settings
@@ -29,7 +29,8 @@ TOKEN = "t0ken"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 Running = tuple[str, Services]
 RULES = """
-guardrail: {min_acceptance: 0.5, recover_above: 0.6, min_samples: 10, cooldown_s: 30}
+guardrail:
+  {mode: threshold, min_acceptance: 0.5, recover_above: 0.6, min_samples: 10, cooldown_s: 30}
 rules:
   - {name: default, start: spec}
 """
@@ -69,6 +70,7 @@ def outcome(acceptance: float, epoch: int = 0) -> Outcome:
         Signal.PER_REQUEST,
         drafted=drafted,
         accepted=int(drafted * acceptance),
+        steps=30,
     )
 
 
@@ -135,6 +137,8 @@ async def test_windows_add_up_and_a_transition_happens_once(tmp_path):
             key = "default / t>0.9 / ctx<4k"
             merged = a.stats.summary(now)[key]["pools"]["spec"]
             assert merged["measured"] == 12
+            # the economic guardrail's tallies add up across replicas too
+            assert merged["stepped"] == 12 and merged["tokens_per_step"] == 49 / 30
             # one more sample on each makes both propose the same fall-back
             a.stats.record(outcome(0.2), now)
             b.stats.record(outcome(0.2), now)
@@ -177,11 +181,16 @@ async def test_redis_down_and_back_empty_costs_clients_nothing(tmp_path):
                         statuses.append((r.status_code, r.headers.get("x-speclane-pool")))
 
                 await traffic(5)
+                await asyncio.sleep(0.5)  # a sync round takes the audit's copy
                 server.stop()
                 await traffic(10)
                 await asyncio.sleep(0.5)
                 ready = (await c.get(url + "/readyz")).json()
                 assert ready["ready"] is True and ready["state"]["degraded"] is True
+                later = {"rollout": 5, "reason": "while Redis was away", "create": True}
+                put = await c.put(url + "/admin/flags/spec-late", json=later, headers=AUTH)
+                assert put.status_code == 200
+                while_down = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
                 server.start()  # empty: it keeps nothing on disk
 
                 async def healed() -> bool:
@@ -189,8 +198,40 @@ async def test_redis_down_and_back_empty_costs_clients_nothing(tmp_path):
 
                 await wait_for(healed, timeout=5)
                 await traffic(5)
+                audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
                 restored = aioredis.from_url(server.url)
                 flags = await restored.hgetall("ns:flags")
                 await restored.aclose()
     assert statuses and all(s == (200, "standard") for s in statuses), statuses
-    assert set(flags) == {b"speculation"}  # re-seeded from the replica's own copy
+    assert set(flags) == {b"speculation", b"spec-late"}  # re-seeded from the replica's copy
+    assert [e["flag"] for e in while_down] == ["speculation", "spec-late"]
+    assert [e["flag"] for e in audit] == ["speculation", "spec-late"]  # nothing lost, in order
+
+
+async def test_a_redis_with_a_password(tmp_path):
+    """SPECLANE_REDIS_PASSWORD authenticates against a Redis that requires one (the
+    Kubernetes base runs Redis with a password from a Secret); without it the gateway serves
+    on local state and says it is degraded."""
+    fake = FakeUpstream()
+    with private_redis(password="hunter2-but-longer") as server:
+        async with serving(fake.app()) as spec, serving(fake.app()) as std:
+            text = policy_yaml([spec], [std], rules=RULES)
+            common = {"redis_url": server.url, "namespace": "pw", "admin_token": TOKEN}
+            (tmp_path / "a").mkdir()
+            (tmp_path / "b").mkdir()
+            good = settings(tmp_path / "a", text, redis_password="hunter2-but-longer", **common)
+            bad = settings(tmp_path / "b", text, **common)
+            async with gateway(good) as (a, _), gateway(bad) as (b, _), httpx.AsyncClient() as c:
+                put = await c.put(
+                    a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH
+                )
+                assert put.status_code == 200
+                ready_a = (await c.get(a + "/readyz")).json()
+                ready_b = (await c.get(b + "/readyz")).json()
+                served = await c.post(b + "/v1/chat/completions", json=CHAT)
+                stored = aioredis.from_url(server.url, password="hunter2-but-longer")
+                flags = await stored.hgetall("pw:flags")
+                await stored.aclose()
+    assert ready_a["state"]["degraded"] is False
+    assert ready_b["state"]["degraded"] is True and served.status_code == 200
+    assert set(flags) == {b"speculation"}

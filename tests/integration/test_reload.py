@@ -120,3 +120,73 @@ async def test_sighup_reloads_a_running_process(tmp_path):
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+HOSTILE = {
+    "control character": b"version: 1\x00\n",
+    "not UTF-8": b"version: 1\npools: \xff\n",
+    "deep nesting": b"a: " + b"[" * 100_000,
+    "alias bomb": "\n".join(
+        ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    ).encode(),
+}
+
+
+async def test_hostile_files_are_rejected_and_the_watch_survives_them(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), policy_watch_s=0.05, admin_token="t") as (
+            url,
+            svc,
+        ),
+        httpx.AsyncClient() as c,
+    ):
+        path = svc.policy.path
+        good = path.read_text()
+        for name, data in HOSTILE.items():
+            path.write_bytes(data)
+            await eventually(lambda: _async(bool(svc.policy.last_error)))
+            admin = await c.post(
+                url + "/admin/policy/reload", headers={"authorization": "Bearer t"}
+            )
+            assert admin.status_code == 422, name
+            assert admin.json()["errors"] == list(svc.policy.last_error), name
+            assert await pool(c, url) == "spec", name  # still serving on the last good policy
+            path.write_text(good)
+            await eventually(lambda: _async(not svc.policy.last_error))
+        path.unlink()
+        path.mkdir()  # not even a file
+        await eventually(lambda: _async(bool(svc.policy.last_error)))
+        assert "cannot read" in svc.policy.last_error[0]
+        path.rmdir()
+        path.write_text(good.split("\nrules:")[0] + TO_STANDARD)
+
+        async def switched() -> bool:
+            return await pool(c, url) == "standard"
+
+        await eventually(switched)  # the watch is alive: a later good file is loaded
+
+
+async def test_a_reload_runs_off_the_event_loop(tmp_path):
+    from gateway.state.policyfile import PolicyHolder
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_yaml(["http://a:1"], ["http://b:1"]))
+    holder = PolicyHolder.from_file(path)
+    path.write_bytes(b"a: [" + b"1," * 40_000 + b"]")  # tens of milliseconds to refuse
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    result = await holder.reload()
+    ticker.cancel()
+    assert not result.changed and result.errors
+    assert ticks - before > 10  # the loop ran other work while the file was read

@@ -24,6 +24,7 @@ pools:
     chunk_acceptance: {chunks}
   standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"]}}
 ladder: [spec, standard]
+guardrail: {{mode: threshold}}  # about signals: no exploration of the standard pool
 rules: [{{name: default, start: spec}}]
 """
 JSON = {
@@ -66,9 +67,12 @@ async def test_per_request_metrics_and_pool_counters_agree(tmp_path):
 
 async def test_chunk_signal_when_the_server_reports_nothing_per_request(tmp_path):
     window, pool, metrics = await run(tmp_path, spec_sim(per_request_metrics=False), chunks=True)
-    assert window["measured"] == 6 and 'signal="chunks"' in metrics
-    # counting chunks misses only the last step's cut by max_tokens: close to the counters
-    assert pool is not None and window["acceptance"] == pytest.approx(pool.acceptance, abs=0.1)
+    assert window["stepped"] == 6 and 'signal="chunks"' in metrics
+    assert window["measured"] == 0  # chunks show steps, never drafts
+    # this simulator drafts k in every step: tokens per step = 1 + k * draft acceptance,
+    # short only by the last step, cut by max_tokens
+    assert pool is not None
+    assert window["tokens_per_step"] == pytest.approx(1 + 4 * pool.acceptance, rel=0.1)
 
 
 async def test_pool_counters_are_the_evidence_when_chunks_are_not_trusted(tmp_path):

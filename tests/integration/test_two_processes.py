@@ -16,7 +16,7 @@ import pytest
 from tests.fakes import FakeUpstream
 from tests.gateways import policy_yaml
 from tests.redis_server import namespace, require_shared_redis
-from tests.servers import free_port, serving
+from tests.servers import free_port, serving, wait_healthy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -40,19 +40,6 @@ def start(policy: Path, port: int, redis_url: str, ns: str) -> subprocess.Popen[
     )
 
 
-async def ready(c: httpx.AsyncClient, url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "gateway exited"
-        try:
-            if (await c.get(url + "/healthz")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError("gateway did not start")
-
-
 async def test_kill_switch_reaches_the_other_process_within_a_second(tmp_path):
     redis_url = require_shared_redis()
     ns = namespace()
@@ -65,8 +52,8 @@ async def test_kill_switch_reaches_the_other_process_within_a_second(tmp_path):
         a, b = (f"http://127.0.0.1:{port}" for port in ports)
         try:
             async with httpx.AsyncClient(timeout=5) as c:
-                await ready(c, a, processes[0])
-                await ready(c, b, processes[1])
+                await wait_healthy(a, processes[0])
+                await wait_healthy(b, processes[1])
                 before = await c.post(b + "/v1/chat/completions", json=CHAT)
                 assert before.headers["x-speclane-pool"] == "spec"
                 put = await c.put(

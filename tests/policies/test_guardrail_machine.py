@@ -16,7 +16,13 @@ from policies.guardrail import (
 )
 from policies.model import Guardrail, GuardrailMode
 
-CONFIG = Guardrail(min_acceptance=0.5, recover_above=0.6, min_samples=10, cooldown_s=30)
+CONFIG = Guardrail(
+    mode=GuardrailMode.THRESHOLD,
+    min_acceptance=0.5,
+    recover_above=0.6,
+    min_samples=10,
+    cooldown_s=30,
+)
 LADDER_K = (7, 3, None)  # spec-k7, spec-k3, standard
 
 

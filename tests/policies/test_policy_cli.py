@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli_policy import add_parser
+from gateway.cli.policy import add_parser
 from policies.compiled import load_policy
 from policies.explain import explain
 from policies.features import Features

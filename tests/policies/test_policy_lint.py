@@ -43,7 +43,8 @@ CASES = {
         rules("- {name: a, start: spec, priority: 3}"),
         [
             "p.yaml:7:26: error: rules.0.priority: unknown key 'priority' (hint: allowed keys: "
-            "description, flag, guardrail, match, name, rollout, shadow_fraction, shadow_to, start)"
+            "description, experiment, flag, guardrail, match, name, rollout, shadow_fraction, "
+            "shadow_to, start)"
         ],
     ),
     "union collapsed to one message": (
@@ -171,6 +172,29 @@ CASES = {
     "not YAML": (
         HEAD + "- {name: a, start: spec\n",
         ["p.yaml:8:1: error: <file>: not valid YAML: did not find expected ',' or '}'"],
+    ),
+    "a key given to two tenants, and keys for anonymous": (
+        rules("")
+        + "tenants:\n  a: {api_keys: [%s]}\n  b: {api_keys: [%s]}\n  anonymous: {api_keys: [%s]}\n"
+        % (("sha256:" + "0" * 64,) * 3),
+        [
+            "p.yaml:11:18: error: tenants.b.api_keys.0: this key is already 'a''s: a key names "
+            "one tenant",
+            "p.yaml:12:25: error: tenants.anonymous.api_keys: 'anonymous' is every request "
+            "without a known key: it has no keys",
+        ],
+    ),
+    "an API key given in the clear": (
+        rules("") + "tenants:\n  a: {api_keys: [sk-live-123]}\n",
+        [
+            "p.yaml:10:18: error: tenants.a.api_keys.0: this value does not match "
+            "^sha256:[0-9a-f]{64}$ (hint: give the key's hash, never the key: speclane policy "
+            "hash-key)"
+        ],
+    ),
+    "a character YAML never allows": (
+        HEAD + "rules:\n  - {name: a\x00}\n",
+        ["p.yaml:8:13: error: <file>: not valid YAML: character '\\x00' is not allowed"],
     ),
 }
 

@@ -19,7 +19,7 @@ def test_shipped_schema_is_current() -> None:
     shipped = (POLICIES / "policy.schema.json").read_text()
     assert shipped == json_schema_text(), (
         "policies/policy.schema.json is out of date with policies/model.py; regenerate it with\n"
-        "  .venv/bin/python -m gateway.cli_policy schema > policies/policy.schema.json"
+        "  .venv/bin/python -m gateway.cli.policy schema > policies/policy.schema.json"
     )
 
 
@@ -56,7 +56,7 @@ def test_schema_names_the_dialect_and_describes_keys() -> None:
         (("pools", "x", "kind"), "'speculative' or 'standard'"),
         (("rules", 0, "match", "endpoint"), "a list of a string"),
         (("version",), "1"),
-        (("slices",), "{temperature: [...], context_tokens: [...]}"),
+        (("slices",), "{temperature: [...], context_tokens: [...], tool_schemas: ...}"),
     ],
 )
 def test_expected_values_in_words(loc: tuple[str | int, ...], words: str) -> None:
@@ -76,9 +76,11 @@ def test_examples_lint_clean(path: Path) -> None:
     assert text.startswith("# yaml-language-server: $schema=../policy.schema.json\n")
 
 
-def test_there_are_three_examples() -> None:
+def test_there_are_four_examples() -> None:
     assert [p.name for p in EXAMPLES] == [
         "conservative-rollout.yaml",
+        "pilot.yaml",
         "starter.yaml",
         "trainium-k7-k3.yaml",
+        "trainium2-qwen3-32b-k7.yaml",
     ]

@@ -6,7 +6,7 @@ import pytest
 
 from backends.sim.cli import add_parser, build_parser, config_from_args, run
 from backends.sim.config import Faults, Mode, SimConfig, parse_drift
-from backends.sim.model import DriftPoint
+from backends.sim.model import DriftPoint, Method
 from backends.sim.workload import Workload
 
 
@@ -85,6 +85,11 @@ def test_cli_builds_the_config() -> None:
             "--no-spec-metrics",
             "--stream-interval",
             "2",
+            "--method",
+            "ngram",
+            "--enable-per-request-metrics",
+            "--max-logprobs",
+            "5",
             "--port",
             "9000",
         ]
@@ -97,6 +102,7 @@ def test_cli_builds_the_config() -> None:
     assert config.drift == (DriftPoint(Workload.CODE, 5.0, 0.2),)
     assert config.faults.error_rate == 0.1 and config.faults.die_rate == 0.2
     assert not config.report_spec_metrics and config.stream_interval == 2
+    assert config.method is Method.NGRAM and config.timing_metrics and config.max_logprobs == 5
 
 
 def test_cli_defaults_and_bad_config_exit_code() -> None:

@@ -10,7 +10,19 @@ import pytest
 import backends.sim
 
 PACKAGE = Path(backends.sim.__file__).parent
-PURE = {"model", "workload", "virtual", "text", "responses", "validation", "config"}
+PURE = {
+    "model",
+    "workload",
+    "virtual",
+    "text",
+    "responses",
+    "validation",
+    "config",
+    "protocol",
+    "schema_check",
+    "logprobs",
+    "pacing",
+}
 IO = {"asyncio", "socket", "time", "httpx", "aiohttp", "uvicorn", "starlette", "os"}
 
 

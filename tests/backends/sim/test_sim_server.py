@@ -163,17 +163,26 @@ async def test_standard_mode_has_no_spec_metrics(sim_server: Server) -> None:
         whole = (await c.post("/v1/chat/completions", json=code(max_tokens=5))).json()
         metrics = (await c.get("/metrics")).text
     assert len(contents) == 12 and "metrics" not in usage
-    assert "speculative_decoding" not in whole["metrics"]
+    assert whole["metrics"] is None
     assert "spec_decode" not in metrics and "vllm:generation_tokens_total" in metrics
 
 
-async def test_stream_interval_merges_steps(sim_server: Server) -> None:
-    config = SimConfig(served_model_names=("tiny",), time_scale=0.01, stream_interval=3)
-    body = code(max_tokens=80, stream_options={"include_usage": True})
+async def test_stream_interval_holds_tokens_back(sim_server: Server) -> None:
+    """vLLM's --stream-interval counts tokens: the first goes alone, then a chunk leaves once
+    at least N tokens wait, and the last chunk leaves when the answer ends."""
+    config = SimConfig(
+        served_model_names=("tiny",), time_scale=0.01, stream_interval=6, mode=Mode.STANDARD
+    )
+    body = code(max_tokens=80, ignore_eos=True, stream_options={"include_usage": True})
     async with client(sim_server, config) as c:
         _, contents, usage = split(await stream(c, body))
+    assert usage["usage"]["completion_tokens"] == 80
+    assert len(contents) == 1 + math.ceil(79 / 6)
+    spec = SimConfig(served_model_names=("tiny",), time_scale=0.01, stream_interval=6)
+    async with client(sim_server, spec) as c:
+        _, contents, usage = split(await stream(c, body))
     steps = usage["metrics"]["speculative_decoding"]["num_spec_steps"]
-    assert len(contents) == 1 + math.ceil(steps / 3)
+    assert 1 + math.ceil(79 / 5 / 6) <= len(contents) - 1 < steps  # fewer chunks than steps
 
 
 async def test_tool_call_stream(sim_server: Server) -> None:
@@ -199,9 +208,9 @@ async def test_tool_call_stream(sim_server: Server) -> None:
     [
         (b'{"model": "tiny", ', 400, "body.18"),
         (b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
-        (b'{"model": "tiny"}', 400, "messages"),
+        (b'{"model": "tiny"}', 400, "body.messages"),
         (b"[1]", 400, "body"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 0}', 400, "top_p"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "max_tokens"),
         (
             b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 99999}',
@@ -261,7 +270,7 @@ async def test_neuron_mode_reports_no_draft_tokens(sim_server: Server) -> None:
     async with client(sim_server, config) as c:
         whole = (await c.post("/v1/chat/completions", json=code(max_tokens=20))).json()
         metrics = (await c.get("/metrics")).text
-    assert "speculative_decoding" not in whole["metrics"]
+    assert whole["metrics"] is None
     assert 'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 0.0' in metrics
 
 
@@ -295,8 +304,11 @@ async def test_control_drift_takes_effect_and_clears(sim_server: Server) -> None
         "spike_s": 1.0,
         "die_rate": 0.0,
         "die_after_chunks": 3,
+        "stall_rate": 0.0,
+        "hang_rate": 0.0,
         "overloaded": False,
         "greedy_mismatch": 0.0,
+        "broken_structure": 0.0,
     }
     assert final["outcomes"]["requests"] == 2 and final["outcomes"]["completed"] == 2
 
@@ -343,6 +355,35 @@ async def test_die_drops_the_stream_mid_way(sim_server: Server) -> None:
     assert state["outcomes"]["drops"] == 1 and state["running"] == 0
 
 
+async def test_stall_goes_silent_mid_way_and_hang_never_answers(sim_server: Server) -> None:
+    stall = SimConfig(
+        served_model_names=("tiny",),
+        time_scale=0.02,
+        faults=Faults(stall_rate=1.0, die_after_chunks=2),
+    )
+    lines: list[str] = []
+    async with client(sim_server, stall) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            async with c.stream(
+                "POST", "/v1/chat/completions", json=code(stream=True), timeout=0.5
+            ) as r:
+                async for line in r.aiter_lines():
+                    if line:
+                        lines.append(line)
+        state = await wait_for(c, lambda s: s["running"] == 0)
+    assert len(lines) == 2 and state["outcomes"]["stalls"] == 1
+
+    hang = SimConfig(served_model_names=("tiny",), time_scale=0.02, faults=Faults(hang_rate=1.0))
+    async with client(sim_server, hang) as c:
+        for body in (code(), code(stream=True)):
+            with pytest.raises(httpx.ReadTimeout):
+                async with c.stream("POST", "/v1/chat/completions", json=body, timeout=0.3) as r:
+                    async for _ in r.aiter_bytes():
+                        pass
+        state = await wait_for(c, lambda s: s["outcomes"]["cancelled"] == 2)
+    assert state["outcomes"]["hangs"] == 2 and state["running"] == 0
+
+
 async def test_disconnect_cancels_the_sequence(sim_server: Server) -> None:
     config = SimConfig(served_model_names=("tiny",), mode=Mode.STANDARD, time_scale=0.5)
     async with client(sim_server, config) as c:
@@ -385,7 +426,7 @@ async def test_zero_latency_mode(sim_server: Server) -> None:
     body = code(max_tokens=50, stream_options={"include_usage": True})
     async with client(sim_server, config) as c:
         _, contents, usage = split(await stream(c, body))
-        whole = (await c.post("/v1/chat/completions", json=body)).json()
+        whole = (await c.post("/v1/chat/completions", json=code(max_tokens=50))).json()
     assert len(contents) == usage["metrics"]["speculative_decoding"]["num_spec_steps"] + 1
     assert whole["usage"]["completion_tokens"] == 50
 

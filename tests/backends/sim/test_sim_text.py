@@ -6,7 +6,7 @@ import random
 import pytest
 
 from backends.sim.model import RequestProfile
-from backends.sim.text import TextBank, json_tokens
+from backends.sim.text import TextBank, json_tokens, schema_tokens
 from backends.sim.workload import Workload
 
 
@@ -52,3 +52,23 @@ def test_tool_arguments_use_the_schema_and_skip_the_name_token() -> None:
     assert len(tokens) == 29
     assert set(json.loads("".join(tokens))) <= {"city", "unit", "city_1", "unit_1", "city_2"}
     assert TextBank(0).tokens(profile(Workload.TOOLS, 1, tool="f"), {}) == []
+
+
+@pytest.mark.parametrize("n", [2, 5, 9, 40, 160])
+def test_schema_tokens_follow_the_schema(n: int) -> None:
+    properties = {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "ok": {"type": "boolean"},
+        "kind": {"enum": ["a", "b"]},
+        "note": {"type": ["string", "null"]},
+    }
+    for seed in range(20):
+        tokens = schema_tokens(random.Random(seed), n, properties)
+        assert len(tokens) == n
+        value = json.loads("".join(tokens))
+        assert list(value) == list(properties)[: len(value)]
+        if n >= 40:
+            assert set(value) == set(properties)
+            assert isinstance(value["age"], int) and isinstance(value["ok"], bool)
+            assert value["kind"] == "a" and isinstance(value["note"], str)

@@ -1,0 +1,186 @@
+"""Several simulated pools in one virtual time: a discrete-event run for policy replay.
+
+Each pool has one or more endpoints; each endpoint runs its own continuous-batching
+``Scheduler`` (the one the HTTP server runs), step after step, while it has work. The caller
+drives time: it submits a request to a pool at a virtual second (the least loaded endpoint
+takes it), asks when the next step ends (``next_event``) and runs that step (``advance``),
+which hands back every request the step finished. So a caller can make each routing
+decision at a request's arrival from the outcomes that finished before it, as a gateway
+does. ``outstanding`` and each request's mean load are what a gateway in front would see:
+requests sent to the endpoint and not yet finished (running or waiting).
+
+Pure: no I/O, no clock reads, no global random state.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from backends.sim.config import SimConfig
+from backends.sim.engine import Scheduler, Step
+from backends.sim.engine import Sequence as Seq
+from backends.sim.model import build_profile
+from backends.sim.workload import Workload
+
+
+@dataclass(slots=True)
+class Served:
+    """One finished request: what a client and a gateway in front of the endpoint saw.
+
+    ``load`` is the time-weighted mean of the endpoint's outstanding requests over the
+    request's life (itself included). ``chunks`` counts engine steps that gave it tokens,
+    i.e. SSE content chunks at ``--stream-interval 1``.
+    """
+
+    key: int
+    pool: str
+    endpoint: str
+    arrival: float
+    workload: Workload
+    acceptance: float
+    prompt_tokens: int
+    k: int | None
+    first: float = 0.0
+    last: float = 0.0
+    done: float = 0.0
+    completion_tokens: int = 0
+    chunks: int = 0
+    num_spec_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    finish_reason: str = ""
+    load: float = 1.0
+    area_at_arrival: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Endpoint:
+    name: str
+    pool: str
+    config: SimConfig
+    scheduler: Scheduler
+    busy_until: float = 0.0
+    step: Step | None = None
+    outstanding: int = 0
+    area: float = 0.0
+    area_t: float = 0.0
+    submitted: int = 0
+    served: dict[int, Served] = field(default_factory=dict)  # id(seq) -> record
+
+    def integrate(self, now: float) -> None:
+        self.area += self.outstanding * (now - self.area_t)
+        self.area_t = now
+
+
+class Cluster:
+    """Pools of simulated endpoints sharing one virtual clock."""
+
+    def __init__(self, pools: Mapping[str, Sequence[SimConfig]]) -> None:
+        self._pools: dict[str, list[_Endpoint]] = {}
+        for pool, configs in pools.items():
+            self._pools[pool] = [
+                _Endpoint(
+                    f"{pool}#{i}",
+                    pool,
+                    config,
+                    Scheduler(
+                        speculative=config.speculative,
+                        k=config.k,
+                        max_num_seqs=config.max_num_seqs,
+                        cost=config.cost,
+                    ),
+                )
+                for i, config in enumerate(configs)
+            ]
+        self._busy: list[tuple[float, int, _Endpoint]] = []
+        self._tiebreak = 0
+
+    @property
+    def pools(self) -> Mapping[str, int]:
+        """Endpoints per pool."""
+        return {pool: len(endpoints) for pool, endpoints in self._pools.items()}
+
+    def outstanding(self, pool: str) -> list[int]:
+        """Requests sent to each endpoint of ``pool`` and not yet finished."""
+        return [e.outstanding for e in self._pools[pool]]
+
+    def submit(
+        self, key: int, pool: str, body: Mapping[str, object], at: float, max_tokens: int
+    ) -> str:
+        """Send a request to the least loaded endpoint of ``pool`` at virtual second ``at``
+        (never earlier than an event already run); returns the endpoint's name."""
+        endpoint = min(self._pools[pool], key=lambda e: e.outstanding)
+        config = endpoint.config
+        profile = build_profile(
+            body,
+            seed=config.seed,
+            index=endpoint.submitted,
+            max_tokens=max_tokens,
+            now_s=at,
+            model=config.acceptance,
+            drift=config.drift,
+        )
+        endpoint.submitted += 1
+        seq = Seq(profile, config.k)
+        endpoint.integrate(at)
+        endpoint.outstanding += 1
+        endpoint.served[id(seq)] = Served(
+            key,
+            pool,
+            endpoint.name,
+            at,
+            profile.workload,
+            profile.acceptance,
+            profile.prompt_tokens,
+            config.k if config.speculative else None,
+            finish_reason=profile.finish_reason,
+            area_at_arrival=endpoint.area,
+        )
+        endpoint.scheduler.submit(seq)
+        if endpoint.step is None:
+            self._start(endpoint, at)
+        return endpoint.name
+
+    def next_event(self) -> float | None:
+        """When the earliest running step ends; None when every endpoint is idle."""
+        return self._busy[0][0] if self._busy else None
+
+    def advance(self) -> list[Served]:
+        """Run the earliest step to its end; the requests it finished, in endpoint order."""
+        now, _, endpoint = heapq.heappop(self._busy)
+        step, endpoint.step = endpoint.step, None
+        assert step is not None
+        finished = []
+        for seq, event in step.events:
+            record = endpoint.served[id(seq)]
+            if event.tokens:
+                if record.completion_tokens == 0:
+                    record.first = now
+                record.last = now
+                record.completion_tokens += event.tokens
+                record.chunks += 1
+            if event.finished:
+                finished.append((seq, record))
+        endpoint.integrate(now)
+        for seq, record in finished:
+            del endpoint.served[id(seq)]
+            tally = seq.tally
+            record.num_spec_steps = tally.num_spec_steps
+            record.num_draft_tokens = tally.num_draft_tokens
+            record.num_accepted_draft_tokens = tally.num_accepted_draft_tokens
+            record.done = now
+            span = now - record.arrival
+            record.load = (endpoint.area - record.area_at_arrival) / span if span > 0 else 1.0
+            endpoint.outstanding -= 1
+        if endpoint.scheduler.has_work():
+            self._start(endpoint, now)
+        return [record for _, record in finished]
+
+    def _start(self, endpoint: _Endpoint, at: float) -> None:
+        step = endpoint.scheduler.step()
+        endpoint.step = step
+        endpoint.busy_until = at + step.seconds
+        self._tiebreak += 1
+        heapq.heappush(self._busy, (endpoint.busy_until, self._tiebreak, endpoint))

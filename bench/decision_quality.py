@@ -1,0 +1,158 @@
+"""Decision quality: every scenario of ``bench/scenarios/`` replayed against a policy, priced
+load-neutrally, and the table written to ``bench/RESULTS.md``.
+
+    .venv/bin/python bench/decision_quality.py --policy bench/policies/baseline.yaml \
+        --label "baseline (threshold guardrail)" --write
+    .venv/bin/python bench/decision_quality.py --policy policies/examples/starter.yaml --seeds 1 2
+
+Each scenario runs once per seed (the scenario's own seed plus the offset); the table shows
+the mean over seeds and the spread when there are several. JSON summaries and PNG charts
+go to ``--out`` (default ``bench/out/decision/<label>``). ``--write`` replaces the table of
+the same label in ``bench/RESULTS.md`` (or appends it), between marker comments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.replay.chart import draw
+from gateway.replay.report import CELL_MARGIN, ORACLE_MARGIN, summarise
+from gateway.replay.run import replay
+from gateway.replay.scenario import load_scenario
+from policies.compiled import load_policy
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "RESULTS.md"
+KEYS = (
+    ("adaptive_vs_oracle", "adaptive / oracle"),
+    ("adaptive_vs_always_standard", "adaptive / always-standard"),
+    ("adaptive_vs_always_speculative", "adaptive / always-speculative"),
+    ("best_static_vs_oracle", "best static / oracle"),
+    ("worst_cell_vs_always_standard", "worst class x phase / always-standard"),
+)
+
+
+def run(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
+    policy = load_policy(args.policy.read_text(), str(args.policy))
+    paths = args.scenario or sorted((HERE / "scenarios").glob("*.yaml"))
+    out: Path = args.out or HERE / "out" / "decision" / _slug(args.label)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for path in paths:
+        base = load_scenario(path.read_text())
+        per_seed = []
+        for offset in args.seeds:
+            scenario = base.model_copy(update={"seed": base.seed + 1000 * offset})
+            started = time.perf_counter()
+            result = replay(policy, scenario)
+            summary = summarise(result, policy)
+            summary["seed"] = scenario.seed
+            summary["replay_s"] = round(time.perf_counter() - started, 1)
+            per_seed.append(summary)
+            stem = f"{scenario.name}-seed{offset}"
+            (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+            draw(result, out / f"{stem}.png")
+            print(_line(summary), file=sys.stderr, flush=True)
+        rows.append(per_seed)
+    return rows
+
+
+def _line(s: dict[str, Any]) -> str:
+    v = s["verdict"]
+    return (
+        f"{s['scenario']:26} seed {s['seed']:5}  oracle {v['adaptive_vs_oracle']:.3f}  "
+        f"std {v['adaptive_vs_always_standard']:.3f}  "
+        f"spec {v['adaptive_vs_always_speculative']:.3f}"
+        f"  worst {v['worst_cell_vs_always_standard']:.3f} {v['worst_cell']}  ({s['replay_s']} s)"
+    )
+
+
+def _cell(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def table(label: str, command: str, rows: list[list[dict[str, Any]]]) -> str:
+    head = "| scenario | requests | " + " | ".join(name for _, name in KEYS) + " | misses |"
+    lines = [
+        f"### {label}",
+        "",
+        f"    {command}",
+        "",
+        head,
+        "|" + " --- |" * (len(KEYS) + 3),
+    ]
+    for per_seed in rows:
+        first = per_seed[0]
+        values = [_cell([s["verdict"][key] for s in per_seed]) for key, _ in KEYS]
+        worst = {s["verdict"]["worst_cell"] for s in per_seed}
+        values[-1] += f" ({', '.join(sorted(worst))})"
+        misses = _misses([s["verdict"] for s in per_seed])
+        requests = round(statistics.fmean(s["requests"] for s in per_seed))
+        lines.append(
+            f"| {first['scenario']} | {requests} | " + " | ".join(values) + f" | {misses} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _misses(verdicts: list[dict[str, Any]]) -> str:
+    """The targets missed by the mean over seeds (report.py's margins)."""
+    mean = {key: statistics.fmean(v[key] for v in verdicts) for key, _ in KEYS}
+    out = []
+    if mean["adaptive_vs_oracle"] > ORACLE_MARGIN:
+        out.append("oracle")
+    if mean["worst_cell_vs_always_standard"] > CELL_MARGIN:
+        out.append("class x phase")
+    if mean["adaptive_vs_always_speculative"] >= 1.0:
+        out.append("always-speculative")
+    return ", ".join(out) or "none"
+
+
+def write(label: str, text: str) -> None:
+    marker = f"<!-- decision-quality: {_slug(label)} -->"
+    body = RESULTS.read_text()
+    block = f"{marker}\n{text}{marker}\n"
+    pattern = re.compile(re.escape(marker) + r".*?" + re.escape(marker) + r"\n", re.S)
+    if pattern.search(body):
+        body = pattern.sub(lambda _: block, body)
+    else:
+        body = body.rstrip("\n") + "\n\n" + block
+    RESULTS.write_text(body)
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", type=Path, required=True)
+    parser.add_argument("--scenario", type=Path, nargs="*", help="default: bench/scenarios/*")
+    parser.add_argument("--label", default="default policy")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    args = parser.parse_args()
+    rows = run(args)
+    seeds = " ".join(map(str, args.seeds))
+    command = (
+        f".venv/bin/python bench/decision_quality.py --policy {args.policy} "
+        f'--label "{args.label}" --seeds {seeds}'
+    )
+    text = table(args.label, command, rows)
+    print(text)
+    if args.write:
+        write(args.label, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

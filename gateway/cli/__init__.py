@@ -1,0 +1,1 @@
+"""The ``speclane`` command line: ``serve``, ``policy``, ``flags``, ``sim`` and ``demo``."""

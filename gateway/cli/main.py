@@ -1,0 +1,48 @@
+"""The ``speclane`` command: serve, sim, demo, replay, report, policy, flags and local-vllm
+sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from importlib import metadata
+
+from backends.sim import cli as sim_cli
+from gateway.cli import demo as demo_cli
+from gateway.cli import flags as cli_flags
+from gateway.cli import policy as cli_policy
+from gateway.cli import replay as cli_replay
+from gateway.cli import report as cli_report
+from gateway.cli import serve as cli_serve
+from gateway.cli.localvllm import command as local_vllm
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="speclane",
+        description="Route each LLM request to speculative or standard decoding.",
+    )
+    parser.add_argument("--version", action="version", version=f"speclane {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    cli_serve.add_parser(commands)
+    cli_flags.add_parser(commands)
+    cli_policy.add_parser(commands)
+    demo_cli.add_parser(commands)
+    cli_replay.add_parser(commands)
+    cli_report.add_parser(commands)
+    local_vllm.add_parser(commands)
+    sim_cli.add_parser(commands).set_defaults(run=sim_cli.run)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("speclane")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    code: int = args.run(args)
+    return code

@@ -1,0 +1,93 @@
+"""``speclane report``: the pilot report, per slice and arm, from a running gateway's
+outcome records or from outcome logs (``SPECLANE_OUTCOME_LOG``).
+
+    speclane report --gateway URL [--token T] [--since S]
+    speclane report --log FILE [FILE...]
+    ... [--chart report.png] [--json report.json] [--confidence 0.95]
+
+Command-line edge only: reads records, prints and writes; the numbers are in
+``gateway/report/stats.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from rich.console import Console
+
+from gateway.report import chart, render
+from gateway.report.stats import build
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report", help="the pilot report: speculation against standard, per slice and arm"
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gateway", help="a running gateway's URL (its GET /admin/outcomes)")
+    source.add_argument("--log", type=Path, nargs="+", help="outcome logs (JSON lines)")
+    parser.add_argument("--token", help="the admin token (default: SPECLANE_ADMIN_TOKEN)")
+    parser.add_argument("--since", type=float, default=0.0, help="records after this wall time")
+    parser.add_argument("--confidence", type=float, default=0.95, help="of the intervals")
+    parser.add_argument("--min-requests", type=int, default=10, help="per arm, for a verdict")
+    parser.add_argument("--chart", type=Path, help="write the chart here (PNG; needs matplotlib)")
+    parser.add_argument("--json", type=Path, help="write the report here as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0.5 <= args.confidence < 1:
+        sys.stderr.write("--confidence must be at least 0.5 and below 1\n")
+        return 2
+    try:
+        records = _from_gateway(args) if args.gateway else _from_logs(args.log)
+    except (OSError, ValueError, httpx.HTTPError) as exc:
+        sys.stderr.write(f"cannot read the records: {exc}\n")
+        return 1
+    records = [r for r in records if float(r.get("at") or 0) > args.since]
+    report = build(records, args.confidence, args.min_requests)
+    render.show(Console(), report)
+    if args.json:
+        args.json.write_text(json.dumps(render.as_json(report), indent=1))
+    if args.chart and not chart.draw(report, args.chart):
+        sys.stderr.write("the chart needs matplotlib (pip install matplotlib)\n")
+    return 0
+
+
+def _from_logs(paths: list[Path]) -> list[dict[str, Any]]:
+    out = []
+    for path in paths:
+        for number, line in enumerate(path.read_bytes().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+            if isinstance(value, dict):
+                out.append(value)
+    return out
+
+
+def _from_gateway(args: argparse.Namespace) -> list[dict[str, Any]]:
+    token = args.token or _token_from_settings()
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    url = args.gateway.rstrip("/") + "/admin/outcomes"
+    response = httpx.get(url, headers=headers, params={"since": args.since}, timeout=30)
+    if response.status_code != 200:
+        raise ValueError(f"{url} answered {response.status_code}: {response.text[:300]}")
+    records: list[dict[str, Any]] = response.json()["outcomes"]
+    return records
+
+
+def _token_from_settings() -> str | None:
+    from gateway.settings import Settings
+
+    token = Settings().admin_token
+    return token.get_secret_value() if token is not None else None

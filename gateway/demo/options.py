@@ -1,0 +1,16 @@
+"""What ``speclane demo`` was asked to do; shared by its command line and its session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    duration: float = 60.0
+    concurrency: int = 8
+    seed: int = 7
+    time_scale: float = 0.25
+    keep: bool = False
+    json: Path | None = None

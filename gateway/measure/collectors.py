@@ -1,0 +1,121 @@
+"""Gauges read when /metrics is scraped, never on the request path: each speculative pool's
+acceptance from its own counters, each pool's price, and every slice's guardrail state and
+the guardrail's estimate of what its output tokens cost on each rung.
+
+Slice labels go through the same cap as the request counters (``slicecap.py``); slices
+folded into ``other`` appear only in the per-rule counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.measure.livestats import LiveStats
+from gateway.measure.slicecap import SliceLabels
+from policies.compiled import CompiledPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class PoolReading:
+    """A speculative pool's acceptance from its own counters (``gateway/measure/scrape.py``):
+    ``rate`` over the recent window (or, before any difference, the ``lifetime`` totals),
+    ``fed_at`` the wall time drafts last came in."""
+
+    rate: float
+    fed_at: float | None
+    basis: str = "window"
+
+
+class PoolAcceptance(Collector):
+    def __init__(self, readings: dict[str, PoolReading]) -> None:
+        self._readings = readings
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rate = GaugeMetricFamily(
+            "speclane_pool_draft_acceptance_rate",
+            "accepted / drafted tokens of a speculative pool from its scraped counters, over "
+            "the recent window; absent when the pool drafted nothing in it",
+            labels=["pool", "basis"],
+        )
+        fed = GaugeMetricFamily(
+            "speclane_pool_counters_fed_timestamp_seconds",
+            "when a speculative pool's scraped counters last showed new draft tokens",
+            labels=["pool"],
+        )
+        for pool, reading in sorted(self._readings.items()):
+            rate.add_metric([pool, reading.basis], reading.rate)
+            if reading.fed_at is not None:
+                fed.add_metric([pool], reading.fed_at)
+        yield rate
+        yield fed
+
+
+class Prices(Collector):
+    """Each pool's ``cost_per_hour`` from the running policy (absent when it has none)."""
+
+    def __init__(self, policy: Callable[[], CompiledPolicy]) -> None:
+        self._policy = policy
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        price = GaugeMetricFamily(
+            "speclane_pool_cost_per_hour",
+            "a pool endpoint's cost_per_hour from the policy; times "
+            "speclane_serving_seconds_total / speclane_output_tokens_total / 3600 it is the "
+            "cost per output token",
+            labels=["pool"],
+        )
+        for name, pool in sorted(self._policy().pools.items()):
+            if pool.cost_per_hour is not None:
+                price.add_metric([name], pool.cost_per_hour)
+        yield price
+
+
+class GuardrailStates(Collector):
+    """Every slice's guardrail state, and the guardrail's cost estimates per rung."""
+
+    def __init__(self, stats: LiveStats, slices: SliceLabels, wall: Callable[[], float]) -> None:
+        self._stats = stats
+        self._slices = slices
+        self._wall = wall
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        offset = GaugeMetricFamily(
+            "speclane_guardrail_offset",
+            "rungs a slice has fallen below its rule's start rung (0: on its start rung)",
+            labels=["rule", "slice"],
+        )
+        phase = GaugeMetricFamily(
+            "speclane_guardrail_phase",
+            "1 for a slice's guardrail phase (on, fallen_back, probing) and the pool it is "
+            "served on",
+            labels=["rule", "slice", "phase", "pool"],
+        )
+        count = GaugeMetricFamily(
+            "speclane_guardrail_slices",
+            "slices kept, by rule and guardrail phase (folded slices included)",
+            labels=["rule", "phase"],
+        )
+        estimate = GaugeMetricFamily(
+            "speclane_guardrail_seconds_per_token",
+            "the guardrail's estimate of endpoint-seconds per output token of a slice on "
+            "each rung at the current load (times cost_per_hour / 3600: cost per token)",
+            labels=["rule", "slice", "pool"],
+        )
+        now = self._wall()
+        counts: Counter[tuple[str, str]] = Counter()
+        for key, rule, state, pool in self._stats.every():
+            counts[rule, state.phase.value] += 1
+            if not self._slices.labelled(key):
+                continue
+            offset.add_metric([rule, key], state.offset)
+            phase.add_metric([rule, key, state.phase.value, pool or ""], 1)
+            for rung, seconds in self._stats.seconds_per_token(key, now).items():
+                estimate.add_metric([rule, key, rung], seconds)
+        for (rule, name), n in sorted(counts.items()):
+            count.add_metric([rule, name], n)
+        yield from (offset, phase, count, estimate)

@@ -1,0 +1,1 @@
+"""``speclane replay``: scenarios replayed in virtual time through the real decision code."""

@@ -1,0 +1,135 @@
+"""Load-neutral prices: what each request of a replay costs on each pool of its ladder.
+
+A request's decode (its tokens after the first, which is prefill) takes ``(T - 1) / E``
+engine steps on a pool, ``E`` = 1 on a standard pool and the expected tokens per step of
+Leviathan et al. at the request's true per-token acceptance on a speculative pool with k
+draft tokens. Each step costs the simulator's own ``CostModel`` step time at the load
+actually carried (the replay's mean requests in flight per endpoint over the whole ladder
+while the request ran), shared by that many sequences, times the pool's price per second
+(``cost_per_hour``; equal prices when a pool has none). Every way of routing is priced at
+the same load, so the comparison is about routing, not about how much hardware each way
+had: always-standard, always-speculative (the top rung), the best static pool per traffic
+class, the hindsight oracle (the cheapest pool per class and phase), and the adaptive run
+(each request on the pool that served it, shadow mirrors included).
+
+Pure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from backends.sim.model import CostModel, expected_tokens_per_step
+from gateway.replay.run import Replay, Row
+
+
+def step_seconds(cost: CostModel, batch: float, k: int | None) -> float:
+    """One steady decode step of ``batch`` sequences (a float: a mean load)."""
+    if k is None:
+        return cost.target_fixed_s + cost.target_per_token_s * batch
+    target = cost.target_fixed_s + cost.target_per_token_s * batch * (k + 1)
+    return target + k * (cost.draft_fixed_s + cost.draft_per_seq_s * batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Per pool of the ladder: its k and its price per second."""
+
+    k: Mapping[str, int | None]
+    per_second: Mapping[str, float]
+    cost: CostModel = field(default_factory=CostModel)
+
+    def of(self, row: Row, pool: str) -> float:
+        k = self.k[pool]
+        per_step = 1.0 if k is None else expected_tokens_per_step(row.acceptance, k)
+        steps = max(row.tokens - 1, 0) / per_step
+        return steps * step_seconds(self.cost, row.load, k) / row.load * self.per_second[pool]
+
+
+def prices(replay: Replay, cost_per_hour: Mapping[str, float | None]) -> Prices:
+    pools = replay.ladder.pools
+    given = [cost_per_hour.get(p) for p in pools]
+    per_second = {
+        p: (c / 3600.0 if all(g is not None for g in given) and c is not None else 1.0)
+        for p, c in zip(pools, given, strict=True)
+    }
+    return Prices(dict(zip(pools, replay.ladder.k, strict=True)), per_second)
+
+
+@dataclass(slots=True)
+class Cell:
+    """Costs of one traffic class in one phase: per pool, and as the adaptive run routed."""
+
+    traffic: str
+    phase: str
+    requests: int = 0
+    mirrors: int = 0
+    on_pool: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pools: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    adaptive: float = 0.0
+    late_pools: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    late_adaptive: float = 0.0
+    late_requests: int = 0
+    slices: set[str] = field(default_factory=set)
+
+    @property
+    def oracle(self) -> float:
+        return min(self.pools.values())
+
+    def oracle_pool(self) -> str:
+        return min(self.pools, key=lambda p: self.pools[p])
+
+
+def cells(replay: Replay, price: Prices, skip_first: int) -> list[Cell]:
+    """Per class and phase; ``late_*`` leave out the first ``skip_first`` requests of each
+    cell (and mirrors sent meanwhile): what a guardrail can be held to once it has seen
+    ``min_samples``."""
+    out: dict[tuple[str, str], Cell] = {}
+    ordered = sorted(replay.rows, key=lambda r: (r.arrival, r.index))
+    for row in ordered:
+        cell = out.setdefault((row.traffic, row.phase), Cell(row.traffic, row.phase))
+        served = price.of(row, row.pool)
+        cell.adaptive += served
+        late = cell.requests >= skip_first
+        if late:
+            cell.late_adaptive += served
+        if row.shadow:
+            cell.mirrors += 1
+            continue
+        cell.requests += 1
+        cell.on_pool[row.pool] += 1
+        cell.slices.add(row.slice)
+        if late:
+            cell.late_requests += 1
+        for pool in replay.ladder.pools:
+            value = price.of(row, pool)
+            cell.pools[pool] += value
+            if late:
+                cell.late_pools[pool] += value
+    return list(out.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    adaptive: float
+    oracle: float
+    best_static: float
+    pools: Mapping[str, float]
+
+
+def totals(all_cells: Iterable[Cell], pools: Iterable[str]) -> Totals:
+    cells_ = list(all_cells)
+    names = list(pools)
+    by_pool = {p: sum(c.pools[p] for c in cells_) for p in names}
+    per_class: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for c in cells_:
+        for p in names:
+            per_class[c.traffic][p] += c.pools[p]
+    return Totals(
+        adaptive=sum(c.adaptive for c in cells_),
+        oracle=sum(c.oracle for c in cells_),
+        best_static=sum(min(v.values()) for v in per_class.values()),
+        pools=by_pool,
+    )

@@ -1,0 +1,380 @@
+"""Replay a scenario in virtual time through the real decision code.
+
+Steps 2-4 and 6-7 of a request are the gateway's own: ``schema.parse``, ``classify``,
+``decide``, the acceptance ``Fold`` and ``LiveStats.record``/``tick`` (which step the
+guardrail). Step 5 is ``backends.sim.cluster``: every pool of the model's ladder as
+simulated endpoints sharing one virtual clock. Each routing decision is made at the
+request's arrival, from the guardrail state that the outcomes finished before it left;
+shadow mirrors run too (they load their pool and are measured, and cost what they cost).
+
+Every request is kept as a ``Row`` with what pricing needs: its true per-token acceptance,
+its tokens, the pool that served it, and the load actually carried while it ran (mean
+requests in flight per endpoint over the whole ladder).
+
+Pure apart from CPU: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import count
+from typing import Any
+
+import orjson
+
+from backends.sim.cluster import Cluster, Served
+from backends.sim.config import Mode, SimConfig
+from gateway import schema
+from gateway.classify import Defaults, classify
+from gateway.measure.acceptance import Fold, Labels, Outcome, Status
+from gateway.measure.livestats import LiveStats
+from gateway.measure.load import Smoothed
+from gateway.replay.bodies import build
+from gateway.replay.scenario import Scenario, Traffic
+from gateway.state.flagstore import FlagStore
+from policies.compiled import CompiledPolicy, Ladder
+from policies.decide import decide
+from policies.decision import Decision
+from policies.guardrail import Transition
+from policies.model import PoolKind
+
+TICK_S = 1.0
+_PATH = "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class Row:
+    """One request (or shadow mirror) of a replay."""
+
+    index: int
+    traffic: str
+    client: int
+    phase: str
+    slice: str
+    rule: str
+    pool: str
+    rung: int
+    probe: bool
+    shadow: bool
+    arrival: float
+    reason: str
+    done: float = 0.0
+    tokens: int = 0
+    acceptance: float = 0.0
+    load: float = 1.0
+    measured: float | None = None
+
+
+@dataclass(slots=True)
+class Replay:
+    """A finished replay: every request, every guardrail event, the ladder it ran on."""
+
+    scenario: Scenario
+    ladder: Ladder
+    endpoints: dict[str, int]
+    rows: list[Row] = field(default_factory=list)
+    events: list[Transition] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One request to send: from a traffic class (``traffic`` its index) or a log (-1)."""
+
+    name: str
+    traffic: int
+    client: int
+    body: dict[str, Any]
+    headers: Mapping[str, str]
+    max_tokens: int
+    path: str = "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class _Pending:
+    row: Row
+    traffic: int
+    labels: Labels
+    area: float
+
+
+class _Driver:
+    def __init__(self, policy: CompiledPolicy, scenario: Scenario) -> None:
+        self.policy = policy
+        self.scenario = scenario
+        self.model = scenario.model or next(iter(policy.ladders))
+        ladder = policy.ladders.get(self.model)
+        if ladder is None:
+            raise ValueError(f"the policy has no ladder for model {self.model}")
+        self.ladder = ladder
+        self.cluster = Cluster(_configs(policy, ladder, scenario))
+        self.replay = Replay(scenario, ladder, dict(self.cluster.pools))
+        self.load = Smoothed()
+        self.stats = LiveStats(
+            lambda: policy,
+            on_transition=self.replay.events.append,
+            load=lambda model, now: self.load.value,
+        )
+        self.flags = FlagStore(policy).values
+        self.rng = random.Random(f"{scenario.seed}:arrivals")
+        self.heap: list[tuple[float, int, str, int, int]] = []
+        self.order = count()
+        self.ids = count()
+        self.active: list[set[int]] = [set() for _ in scenario.traffic]
+        self.pending: dict[int, _Pending] = {}
+        self.in_flight = 0
+        self.area = 0.0
+        self.area_t = 0.0
+        self.last_tick = 0.0
+        self.n_endpoints = sum(self.cluster.pools.values())
+
+    # --- time ----------------------------------------------------------------------------
+
+    def run(self, log: Sequence[Logged] = ()) -> Replay:
+        self.log = list(log)
+        if self.log:
+            first = min(entry.at for entry in self.log)
+            for n, entry in enumerate(self.log):
+                self._push(entry.at - first, "log", -1, n)
+        for i, traffic in enumerate(self.scenario.traffic if not self.log else ()):
+            self._push(0.0, "wake", i, 0)
+            for at in traffic.changes():
+                self._push(at, "wake", i, 0)
+        while True:
+            arrival = self.heap[0][0] if self.heap else None
+            event = self.cluster.next_event()
+            if event is not None and (arrival is None or event <= arrival):
+                self._integrate(event)
+                for served in self.cluster.advance():
+                    self._finished(served)
+            elif arrival is not None:
+                at, _, kind, i, client = heapq.heappop(self.heap)
+                if at <= self.scenario.duration_s:
+                    self._integrate(at)
+                    self._arrive(at, kind, i, client)
+            else:
+                return self.replay
+
+    def _push(self, at: float, kind: str, traffic: int, client: int) -> None:
+        heapq.heappush(self.heap, (at, next(self.order), kind, traffic, client))
+
+    def _integrate(self, now: float) -> None:
+        self.area += self.in_flight * (now - self.area_t)
+        self.area_t = now
+        self.load.observe(now, self.in_flight / self.n_endpoints)
+        if now - self.last_tick >= TICK_S:
+            self.stats.tick(now)
+            self.last_tick = now
+
+    # --- arrivals ------------------------------------------------------------------------
+
+    def _arrive(self, now: float, kind: str, i: int, client: int) -> None:
+        if kind == "log":
+            entry = self.log[client]
+            limit = entry.body.get("max_tokens") or entry.body.get("max_completion_tokens")
+            max_tokens = limit if isinstance(limit, int) and limit > 0 else 256
+            self._ask(now, _Ask("", -1, client, entry.body, entry.headers, max_tokens, entry.path))
+            return
+        traffic = self.scenario.traffic[i]
+        level = traffic.level(now)
+        if kind == "wake":
+            if traffic.clients is not None:
+                for c in range(int(level)):
+                    if c not in self.active[i]:
+                        self.active[i].add(c)
+                        self._push(
+                            now + self.rng.uniform(0, max(traffic.think_s, 0.5)), "req", i, c
+                        )
+            elif level > 0 and not self.active[i]:
+                self.active[i].add(0)
+                self._push(now + self.rng.expovariate(level), "req", i, 0)
+            return
+        if traffic.rate is not None:
+            if level <= 0:
+                self.active[i].clear()
+                return
+            self._push(now + self.rng.expovariate(level), "req", i, client + 1)
+        self._send(now, i, traffic, client)
+
+    def _send(self, now: float, i: int, traffic: Traffic, client: int) -> None:
+        built = build(self.scenario.name, traffic, client, self.model)
+        self._ask(now, _Ask(traffic.name, i, client, built.body, built.headers, traffic.max_tokens))
+
+    def _ask(self, now: float, ask: _Ask) -> None:
+        index = next(self.ids)
+        kind: schema.Kind = "chat" if ask.path == _PATH else "completion"
+        parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+        request_id = f"{self.scenario.name}-{index}"
+        features = classify(parsed, ask.path, ask.headers, request_id, Defaults())
+        decision = decide(features, self.policy, self.flags, self.stats.guards, now)
+        self._submit(now, index, ask, decision, shadow=False)
+        if decision.shadow_to is not None:
+            self._submit(now, next(self.ids), ask, _mirror(decision), shadow=True)
+
+    def _submit(
+        self, now: float, index: int, ask: _Ask, decision: Decision, *, shadow: bool
+    ) -> None:
+        pool = decision.pool
+        endpoint = self.cluster.submit(index, pool, ask.body, now, ask.max_tokens)
+        spec = self.policy.pools[pool]
+        row = Row(
+            index,
+            ask.name or decision.rule,
+            ask.client,
+            self.scenario.phase_of(now),
+            decision.slice,
+            decision.rule,
+            pool,
+            self.ladder.pools.index(pool),
+            decision.probe,
+            shadow,
+            now,
+            decision.reason,
+        )
+        labels = Labels(
+            model=self.model,
+            rule=decision.rule,
+            slice=decision.slice,
+            pool=pool,
+            k=spec.num_speculative_tokens,
+            endpoint=endpoint,
+            shadow=shadow,
+            probe=decision.probe,
+            epoch=decision.epoch,
+            chunk_signal=spec.chunk_acceptance,
+            engine=spec.engine.value,
+        )
+        self.pending[index] = _Pending(row, ask.traffic, labels, self.area)
+        self.in_flight += 1
+
+    # --- completions ---------------------------------------------------------------------
+
+    def _finished(self, served: Served) -> None:
+        pending = self.pending.pop(served.key)
+        self.in_flight -= 1
+        row = pending.row
+        span = served.done - served.arrival
+        mean = (self.area - pending.area) / span if span > 0 else float(self.in_flight + 1)
+        row.done = served.done
+        row.tokens = served.completion_tokens
+        row.acceptance = served.acceptance
+        row.load = max(1.0, mean / self.n_endpoints)
+        outcome = replace(_outcome(pending.labels, served), load=served.load)
+        row.measured = outcome.tokens_per_step
+        self.stats.record(outcome, served.done)
+        self.load.observe(served.done, self.in_flight / self.n_endpoints)
+        self.replay.rows.append(row)
+        if pending.traffic < 0:  # a logged request: arrivals do not depend on answers
+            return
+        traffic = self.scenario.traffic[pending.traffic]
+        if traffic.clients is not None and not row.shadow:
+            if row.client < traffic.level(served.done):
+                self._push(served.done + traffic.think_s, "req", pending.traffic, row.client)
+            else:
+                self.active[pending.traffic].discard(row.client)
+
+
+def _mirror(decision: Decision) -> Decision:
+    assert decision.shadow_to is not None
+    return Decision(
+        decision.rule,
+        decision.slice,
+        decision.shadow_to,
+        (decision.shadow_to,),
+        decision.rung,
+        decision.start,
+        decision.reason,
+        probe=decision.probe,
+        epoch=decision.epoch,
+    )
+
+
+def _outcome(labels: Labels, served: Served) -> Outcome:
+    """The outcome the gateway's fold makes of this answer, streamed at one chunk per step."""
+    fold = Fold(labels, served.arrival)
+    for at in _chunk_times(served):
+        fold.content(at)
+    fold.finished(served.finish_reason)
+    metrics = None
+    if labels.k is not None:
+        metrics = {
+            "speculative_decoding": {
+                "num_spec_steps": served.num_spec_steps,
+                "num_draft_tokens": served.num_draft_tokens,
+                "num_accepted_draft_tokens": served.num_accepted_draft_tokens,
+                "draft_acceptance_rate": (
+                    served.num_accepted_draft_tokens / served.num_draft_tokens
+                    if served.num_draft_tokens
+                    else 0.0
+                ),
+            }
+        }
+    usage = {"completion_tokens": served.completion_tokens, "prompt_tokens": served.prompt_tokens}
+    fold.usage(usage, metrics)
+    return fold.finish(Status.OK, served.done)
+
+
+def _chunk_times(served: Served) -> Iterator[float]:
+    """First chunk at ``first``, last at ``last``; the ones between only count."""
+    if served.chunks == 0:
+        return
+    yield served.first
+    for _ in range(served.chunks - 2):
+        yield served.first
+    if served.chunks > 1:
+        yield served.last
+
+
+def _configs(
+    policy: CompiledPolicy, ladder: Ladder, scenario: Scenario
+) -> dict[str, list[SimConfig]]:
+    drift = scenario.drift_points()
+    out: dict[str, list[SimConfig]] = {}
+    for n, pool in enumerate(ladder.pools):
+        spec = policy.pools[pool]
+        speculative = spec.kind is PoolKind.SPECULATIVE
+        out[pool] = [
+            SimConfig(
+                Mode.SPECULATIVE if speculative else Mode.STANDARD,
+                k=spec.num_speculative_tokens or 4,
+                served_model_names=(ladder.model,),
+                seed=scenario.seed * 1000 + n * 10 + e,
+                max_num_seqs=scenario.max_num_seqs,
+                drift=drift,
+            )
+            for e in range(len(spec.endpoints))
+        ]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """One line of a gateway's request log (``SPECLANE_REQUEST_LOG``)."""
+
+    at: float
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def read_log(text: str) -> list[Logged]:
+    """The lines of a request log; ``ValueError`` names the first bad one."""
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = orjson.loads(line)
+            out.append(Logged(float(d["at"]), str(d["path"]), dict(d["body"]), dict(d["headers"])))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"request log line {n}: {exc}") from None
+    return out
+
+
+def replay(policy: CompiledPolicy, scenario: Scenario, log: Sequence[Logged] = ()) -> Replay:
+    """Run ``scenario`` against ``policy``; deterministic for the same inputs. With ``log``,
+    its requests arrive at their recorded offsets instead of the scenario's traffic (the
+    scenario still gives the duration, phases and acceptance drift)."""
+    return _Driver(policy, scenario).run(log)

@@ -1,0 +1,1 @@
+"""``speclane report``: the pilot report over request records, per slice and arm."""

@@ -1,0 +1,70 @@
+"""Step 1 of a request: the HTTP endpoints. Each one hands its request to the pipeline or
+answers from the services; none holds logic of its own."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import pipeline
+from gateway.errors import JSON
+from gateway.server.health import pool_health
+from gateway.server.respond import SSEResponse
+from gateway.services import Services
+
+
+def _json(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status, media_type=JSON)
+
+
+class Api:
+    """The OpenAI-compatible endpoints and the health checks."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def chat(self, request: Request) -> Response | SSEResponse:
+        return await pipeline.complete(self.services, request, "chat")
+
+    async def completions(self, request: Request) -> Response | SSEResponse:
+        return await pipeline.complete(self.services, request, "completion")
+
+    async def models(self, request: Request) -> Response:
+        created = int(time.time())
+        data = [
+            {"id": model, "object": "model", "created": created, "owned_by": "speclane"}
+            for model in sorted(self.services.policy.current.ladders)
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def healthz(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready once serving: a gateway whose upstreams are down still answers every request
+        (with an OpenAI-style 503), which beats a Service with no ready pods refusing
+        connections. Upstream health and shared-state degradation are in the detail."""
+        services = self.services
+        policy = services.policy.current
+        pools = pool_health(services)
+        models = {
+            model: any(pools[p]["healthy"] for p in ladder.pools)
+            for model, ladder in policy.ladders.items()
+        }
+        detail = {
+            "ready": True,
+            "upstreams_ok": all(models.values()),
+            "models": models,
+            "pools": pools,
+            "state": services.state.status(),
+            "process": {"pid": os.getpid(), "workers": services.settings.workers},
+            "policy": {
+                "path": str(services.policy.path),
+                "last_reload_error": list(services.policy.last_error),
+            },
+        }
+        return _json(detail)

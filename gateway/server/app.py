@@ -1,0 +1,333 @@
+"""The app factory: wiring only. Builds the services, the routes, the error handlers and the
+lifespan that starts and stops the background work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from backends.outlier import OutlierRules
+from backends.pool import Pools
+from backends.upstream import Upstream
+from gateway.classify import Defaults
+from gateway.errors import ApiError, api_error_handler, internal_error
+from gateway.identity import Identity
+from gateway.lifecycle import (
+    discover,
+    policy_changed,
+    pool_specs,
+    tick,
+    watch_policy,
+)
+from gateway.measure.acceptance import Outcome
+from gateway.measure.checks import Checks
+from gateway.measure.livestats import LiveStats
+from gateway.measure.load import LoadMeter
+from gateway.measure.loadscrape import LoadScraper
+from gateway.measure.outcomelog import OutcomeLog
+from gateway.measure.requestlog import RequestLog
+from gateway.measure.scrape import PoolScraper
+from gateway.measure.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
+from gateway.measure.signals import SignalsSeen
+from gateway.measure.telemetry import Telemetry
+from gateway.server.admin import Admin
+from gateway.server.api import Api
+from gateway.server.console.routes import console_routes
+from gateway.server.fastlane import FastLane
+from gateway.server.gate import Gate
+from gateway.server.passthrough import PerRequestReports
+from gateway.services import Services
+from gateway.settings import Settings
+from gateway.state.flagstore import FlagStore
+from gateway.state.memory import MemoryState, SharedState
+from gateway.state.policyfile import PolicyHolder
+from gateway.state.redis_store import RedisState
+
+log = logging.getLogger(__name__)
+
+
+def build_services(
+    settings: Settings,
+    policy: PolicyHolder | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+    tracers: TracerProvider | None = None,
+) -> Services:
+    """``tracers``, when given, is where spans go instead of ``settings.otlp_endpoint``."""
+    holder = policy or PolicyHolder.from_file(settings.policy)
+    upstream = Upstream(
+        max_connections=settings.upstream_max_connections,
+        keepalive_s=settings.upstream_keepalive_s,
+    )
+    shared = settings.metrics_dir if settings.several_workers else None
+    telemetry = Telemetry.build(
+        settings.otlp_endpoint, tracers, shared=shared, max_slices=settings.metrics_max_slices
+    )
+    flags = FlagStore(holder.current)
+    identity = Identity(settings.trusted_tenant_header, settings.require_api_key)
+    identity.policy_changed(holder.current)
+    pools = Pools(
+        pool_specs(holder.current),
+        upstream,
+        clock,
+        outlier=outlier_rules(settings),
+        tries_per_pool=settings.tries_per_pool,
+    )
+    load = LoadMeter(
+        lambda: {
+            name: [(e.url, e.outstanding) for e in endpoints]
+            for name, endpoints in pools.endpoints.items()
+        },
+        lambda: {model: ladder.pools for model, ladder in holder.current.ladders.items()},
+        gauge_fresh_s=1.5 * settings.scrape_interval_s,
+    )
+    stats = LiveStats(
+        lambda: holder.current,
+        on_transition=telemetry.transition,
+        load=load.ladder,
+    )
+
+    signals = SignalsSeen()
+
+    def price(pool: str) -> float | None:
+        found = holder.current.pools.get(pool)
+        return None if found is None else found.cost_per_hour
+
+    outcomes = OutcomeLog(
+        price,
+        keep=settings.outcome_records,
+        path=settings.outcome_log,
+        max_bytes=int(settings.outcome_log_max_mb * 1024 * 1024),
+    )
+
+    def record(outcome: Outcome) -> None:
+        end = outcome.started_at + outcome.duration_s
+        mean = load.mean(outcome.labels.endpoint, outcome.started_at, end)
+        loaded = replace(outcome, load=mean) if mean else outcome
+        now = wall()
+        stats.record(loaded, now)
+        telemetry.observe(loaded)
+        signals.record(loaded)
+        outcomes.add(loaded, now)
+
+    def alarm(slice_key: str, counts: CanaryCounts) -> None:
+        rate = counts.matched / counts.compared
+        numbers = {"compared": float(counts.compared), "exact_match_rate": rate}
+        reason = f"canary: greedy output differs on speculation (exact match {rate:.1%})"
+        stats.alarm(slice_key, reason, numbers, wall())
+
+    shadow = ShadowRunner(
+        pools,
+        clock,
+        record,
+        telemetry,
+        ShadowLimits(
+            settings.shadow_max_concurrency,
+            settings.shadow_tokens_per_minute,
+            settings.shadow_max_outstanding,
+            settings.shadow_timeout_s,
+        ),
+        CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples),
+        alarm,
+    )
+    state = _state(settings, flags, stats, holder, telemetry, wall)
+    services = Services(
+        settings=settings,
+        clock=clock,
+        wall=wall,
+        policy=holder,
+        flags=flags,
+        stats=stats,
+        state=state,
+        upstream=upstream,
+        pools=pools,
+        telemetry=telemetry,
+        shadow=shadow,
+        record=record,
+        signals=signals,
+        scraper=PoolScraper(
+            pools,
+            upstream,
+            stats,
+            wall,
+            telemetry.pool_acceptance,
+            # a reading stands for the last six scrapes, and never less than a minute
+            window_s=max(60.0, 6 * settings.scrape_interval_s),
+            drain=state.drained,
+        ),
+        defaults=Defaults(
+            settings.default_temperature,
+            settings.default_top_p,
+            endpoint_header=settings.endpoint_header.lower(),
+        ),
+        identity=identity,
+        gate=Gate(
+            identity,
+            lambda: holder.current,
+            settings.max_requests,
+            settings.max_requests_per_tenant,
+        ),
+        reports=PerRequestReports(),
+        load=load,
+        checks=Checks(record),
+        outcomes=outcomes,
+        load_scraper=LoadScraper(pools, upstream, load, clock),
+        request_log=(
+            RequestLog(
+                settings.request_log,
+                (settings.endpoint_header.lower(), Defaults().tenant_header),
+            )
+            if settings.request_log
+            else None
+        ),
+    )
+    telemetry.watch(stats, lambda: holder.current, wall)
+    holder.subscribe(lambda new: policy_changed(services, new))
+    return services
+
+
+def outlier_rules(settings: Settings) -> OutlierRules:
+    return OutlierRules(
+        consecutive_failures=settings.outlier_consecutive_failures,
+        interval_s=settings.outlier_interval_s,
+        base_ejection_s=settings.outlier_base_ejection_s,
+        max_ejection_s=settings.outlier_max_ejection_s,
+        max_ejection_percent=settings.outlier_max_ejection_percent,
+        failure_percentage=settings.outlier_failure_percentage,
+        slow_start_s=settings.outlier_slow_start_s,
+    )
+
+
+def _state(
+    settings: Settings,
+    flags: FlagStore,
+    stats: LiveStats,
+    holder: PolicyHolder,
+    telemetry: Telemetry,
+    wall: Callable[[], float],
+) -> SharedState:
+    if settings.redis_url is None:
+        return MemoryState(flags, stats)
+    return RedisState(
+        settings.redis_url,
+        settings.namespace,
+        flags,
+        stats,
+        lambda: holder.current,
+        telemetry,
+        wall,
+        interval_s=settings.sync_interval_s,
+        password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+    )
+
+
+def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
+    """The gateway as an ASGI app; pass ``services`` to plug in prebuilt collaborators."""
+    services = services or build_services(settings)
+    api = Api(services)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await services.upstream.start()
+        await services.state.start()
+        tasks = [
+            asyncio.create_task(watch_policy(services), name="policy-watch"),
+            asyncio.create_task(tick(services), name="guardrail-tick"),
+            asyncio.create_task(discover(services), name="endpoint-discovery"),
+            asyncio.create_task(
+                services.scraper.run(settings.scrape_interval_s), name="pool-scrape"
+            ),
+            asyncio.create_task(services.load.run(services.clock, 0.25), name="load-meter"),
+            asyncio.create_task(services.outcomes.run(), name="outcome-log"),
+            asyncio.create_task(services.telemetry.run(), name="metrics-push"),
+        ]
+        if services.load_scraper is not None:
+            gauges = services.load_scraper.run(settings.scrape_interval_s)
+            tasks.append(asyncio.create_task(gauges, name="load-gauges"))
+        if services.request_log is not None:
+            tasks.append(asyncio.create_task(services.request_log.run(), name="request-log"))
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGHUP, services.policy.requested.set)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGHUP)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if services.request_log is not None:
+                services.request_log.flush()
+            await services.shadow.close()
+            await services.checks.close()
+            services.outcomes.flush()  # what the drained mirrors and checks recorded
+            await services.state.close()
+            await services.upstream.close()
+            services.telemetry.shutdown()
+
+    async def metrics(request: Request) -> Response:
+        services.telemetry.push()
+        return Response(
+            generate_latest(services.telemetry.exposition), media_type=CONTENT_TYPE_LATEST
+        )
+
+    routes = [
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/healthz", api.healthz, methods=["GET"]),
+        Route("/readyz", api.readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *Admin(services).routes(),
+    ]
+    if settings.admin_token is not None and settings.console:
+        routes += console_routes()
+    on_api_error = _counted(services.telemetry)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            ApiError: on_api_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+    )
+    hot = {"/v1/chat/completions": api.chat, "/v1/completions": api.completions}
+    return FastLane(app, hot, on_api_error, services.gate)
+
+
+def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handler(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        telemetry.error(exc.status, exc.code or exc.type)
+        return await api_error_handler(request, exc)
+
+    return handler
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+    return ApiError(exc.status_code, str(exc.detail), kind).response(dict(exc.headers or {}))
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
+    return internal_error()

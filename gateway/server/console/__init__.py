@@ -1,0 +1,1 @@
+"""The ops console: a static page at ``/console`` that runs on the admin API alone."""

@@ -1,0 +1,65 @@
+"""Step 1 for the two hot endpoints: ``POST /v1/chat/completions`` and ``/v1/completions``
+go straight to their handlers, past Starlette's middleware stack and route matching, which
+cost ~50 us a request under load (bench/RESULTS.md); every other request goes to the
+Starlette app. Each hot request passes the gate first (``gateway/server/gate.py``: caller,
+places in flight) and gives its place back once its answer is sent. Errors are rendered by
+the same handlers the app uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import ApiError, internal_error
+from gateway.identity import remember
+from gateway.server.gate import Gate
+
+log = logging.getLogger(__name__)
+
+Answer = Callable[[Scope, Receive, Send], Awaitable[None]]
+Handler = Callable[[Request], Awaitable[Answer]]
+ErrorHandler = Callable[[Request, Exception], Awaitable[Answer]]
+
+
+class FastLane:
+    """Dispatches the hot POST paths itself; hands everything else to ``app``."""
+
+    def __init__(
+        self, app: ASGIApp, routes: Mapping[str, Handler], on_error: ErrorHandler, gate: Gate
+    ) -> None:
+        self._app = app
+        self._routes = dict(routes)
+        self._on_error = on_error
+        self._gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._routes.get(scope["path"])
+            if handler is not None:
+                await self._serve(handler, scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+    async def _serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            caller = self._gate.enter(request.headers)
+        except ApiError as exc:
+            await (await self._on_error(request, exc))(scope, receive, send)
+            return
+        remember(scope, caller)
+        try:
+            try:
+                answer = await handler(request)
+            except ApiError as exc:
+                answer = await self._on_error(request, exc)
+            except Exception:
+                log.exception("unexpected error serving %s", scope["path"])
+                answer = internal_error()
+            await answer(scope, receive, send)
+        finally:
+            self._gate.leave(caller)

@@ -1,0 +1,227 @@
+"""What a slice's output token costs on each rung, and whether another rung is cheaper with
+confidence. Pure; no I/O, no clock.
+
+Cost per output token on a pool, at a load of B requests in flight per endpoint:
+
+    cost = step_time(B) * price_per_second / (L * B)
+
+``L`` is the slice's tokens per engine step on that pool (1 on a standard pool), measured
+from whichever signal the pool gives; ``step_time`` is the pool's own, learned online
+(``policies/steptime.py``). Two rungs are compared at the same B, so B cancels and the
+log cost ratio is ``log t_up - log t_down + log p_up - log p_down - log L_up + log L_down``.
+
+Confidence: the variance of that log ratio adds the step-time fits' variances and the
+variance of each measured ``log L``: the dispersion of per-request tokens per step in the
+span (pooled with a prior of 30% over 3 pseudo-requests, so three requests that happen to
+agree do not look certain) over the number of requests. The ratio is judged on
+the newest ``min_samples`` requests first, then on the newest 4x, 16x and all in the
+window: the shortest span that is confident decides, so recent evidence outweighs old (a
+collapse shows within a few requests; so does a healing seen by probes), and a slice near
+the line is judged on everything it has. A rung moves only when the other is cheaper at
+``confidence`` (one-sided; 0.999 is z = 3.1, strict because the test repeats on every
+request).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+from policies.speedup import draft_rate_to_token_rate, expected_tokens_per_step
+from policies.steptime import StepTime
+
+PRIOR_DISPERSION = 0.09
+PRIOR_WEIGHT = 3.0
+TRANSFER_LOG_VAR = 0.04
+SPAN_FACTORS = (1, 4, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Tokens-per-step evidence over ``n`` requests: sums of decode tokens and steps, and of
+    their squares and products (for the variance of the ratio)."""
+
+    n: int = 0
+    tokens: float = 0.0
+    steps: float = 0.0
+    tok_sq: float = 0.0
+    step_sq: float = 0.0
+    tok_step: float = 0.0
+
+    @property
+    def per_step(self) -> float | None:
+        return self.tokens / self.steps if self.steps > 0 and self.tokens > 0 else None
+
+    def dispersion(self) -> float | None:
+        """Relative variance of one request's tokens around L times its steps."""
+        per_step = self.per_step
+        if per_step is None or self.n < 2:
+            return None
+        residual = self.tok_sq - 2 * per_step * self.tok_step + per_step**2 * self.step_sq
+        mean = per_step * self.steps / self.n
+        return max(residual, 0.0) / ((self.n - 1) * mean * mean)
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """One rung of a slice's ladder as the judge sees it. ``spans`` are the slice's tallies
+    on this pool, newest requests first and growing (empty when it never ran here)."""
+
+    pool: str
+    k: int | None
+    price: float
+    step: StepTime | None
+    spans: tuple[Tally, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """``verdict`` +1: the upper rung is cheaper with confidence; -1: the lower one is; 0:
+    not sure. ``ratio`` is cost(upper) / cost(lower) on the deciding span, ``z`` how many
+    standard deviations its log lies from 0 (positive: upper dearer)."""
+
+    verdict: int
+    ratio: float
+    z: float
+    n: int
+    reason: str
+    numbers: dict[str, float] = field(default_factory=dict)
+    log_var: float = 0.0
+
+
+def _pooled(tally: Tally) -> float:
+    """The span's own dispersion, pooled with the prior (a span that mixes two regimes is
+    dispersed, so a collapse is judged on the newest requests, not through the mix)."""
+    seen = tally.dispersion()
+    if seen is None:
+        return PRIOR_DISPERSION
+    weight = PRIOR_WEIGHT + tally.n - 1
+    return (PRIOR_WEIGHT * PRIOR_DISPERSION + (tally.n - 1) * seen) / weight
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    log_cost: float
+    log_var: float
+    per_step: float
+    n: int
+
+
+def _fixed(rung: Rung, other: Rung) -> _Side | None:
+    """A rung's cost from its whole window (or, for a speculative rung it never ran on, from
+    another speculative rung's acceptance through Leviathan's formula)."""
+    if rung.step is None:
+        return None
+    base = math.log(rung.step.seconds * rung.price)
+    if rung.k is None:
+        return _Side(base, rung.step.log_var, 1.0, 0)
+    if rung.spans and rung.spans[-1].per_step is not None:
+        tally = rung.spans[-1]
+        per_step = tally.per_step or 1.0
+        var = rung.step.log_var + _pooled(tally) / tally.n
+        return _Side(base - math.log(per_step), var, per_step, tally.n)
+    source = other.spans[-1].per_step if other.spans and other.k else None
+    if source is None or other.k is None:
+        return None
+    a = draft_rate_to_token_rate((source - 1.0) / other.k, other.k)
+    per_step = expected_tokens_per_step(a, rung.k)
+    var = rung.step.log_var + TRANSFER_LOG_VAR + _pooled(other.spans[-1]) / other.spans[-1].n
+    return _Side(base - math.log(per_step), var, per_step, 0)
+
+
+def judge(
+    upper: Rung,
+    lower: Rung,
+    *,
+    min_samples: int,
+    confidence: float,
+    max_n: int | None = None,
+) -> Judgement | None:
+    """Is ``upper`` or ``lower`` cheaper per output token? None without evidence: no step
+    time for a rung, or fewer than ``min_samples`` measured requests where they are needed.
+    ``max_n`` limits the spans to the newest ``max_n`` requests (a probe round's own)."""
+    subject, other = (upper, lower) if upper.spans or not lower.spans else (lower, upper)
+    if subject.step is None or other.step is None or not subject.spans:
+        return None
+    fixed = _fixed(other, subject)
+    if fixed is None:
+        return None
+    z_needed = NormalDist().inv_cdf(confidence)
+    base = math.log(subject.step.seconds * subject.price)
+    sign = 1.0 if subject is upper else -1.0
+    last: Judgement | None = None
+    for tally in subject.spans:
+        per_step = tally.per_step
+        if per_step is None or tally.n < min_samples or (max_n is not None and tally.n > max_n):
+            continue
+        var = subject.step.log_var + _pooled(tally) / tally.n + fixed.log_var
+        if subject.k is None:
+            per_step, var = 1.0, subject.step.log_var + fixed.log_var
+        diff = sign * (base - math.log(per_step) - fixed.log_cost)
+        z = diff / math.sqrt(max(var, 1e-12))
+        verdict = -1 if z > z_needed else 1 if z < -z_needed else 0
+        up_steps = per_step if subject is upper else fixed.per_step
+        down_steps = fixed.per_step if subject is upper else per_step
+        last = _judgement(verdict, diff, z, tally.n, upper, lower, up_steps, down_steps, var)
+        if verdict:
+            return last
+    return last
+
+
+def _judgement(
+    verdict: int,
+    diff: float,
+    z: float,
+    n: int,
+    upper: Rung,
+    lower: Rung,
+    up_steps: float,
+    down_steps: float,
+    var: float,
+) -> Judgement:
+    ratio = math.exp(diff)
+    assert upper.step is not None and lower.step is not None
+    numbers = {
+        "cost_ratio": ratio,
+        "z": z,
+        "requests": float(n),
+        "tokens_per_step": up_steps,
+        "tokens_per_step_below": down_steps,
+        "step_ms": upper.step.seconds * 1000,
+        "step_ms_below": lower.step.seconds * 1000,
+    }
+    below_step = "prior" if not lower.step.learned else "learned"
+    reason = (
+        f"{upper.pool} costs {ratio:.2f}x {lower.pool} per token "
+        f"(z {z:+.1f} over {n} requests: {up_steps:.2f} vs {down_steps:.2f} tokens per step, "
+        f"step {upper.step.seconds * 1000:.1f} vs {lower.step.seconds * 1000:.1f} ms "
+        f"[{below_step}])"
+    )
+    return Judgement(verdict, ratio, z, n, reason, numbers, var)
+
+
+def span_targets(min_samples: int) -> tuple[int, ...]:
+    return tuple(min_samples * f for f in SPAN_FACTORS)
+
+
+def hinges(judged: Judgement | None, lower: StepTime | None, rate: float, cost: float) -> bool:
+    """Are observations of the lower rung's pool worth their ``cost`` (request-equivalents
+    a second) to decide ``judged``, the serving rung against it, for a slice of ``rate``
+    requests a second? Always while that pool has too few observations of its own to be
+    learned. Otherwise when the judgement is undecided, the lower rung is within one
+    standard deviation of being cheaper, its step time is the larger part of the doubt (more
+    requests of the slice itself would not settle it), and what knowing it would save is
+    worth it: the expected gain of moving once its doubt is gone (the positive part of a
+    log cost ratio whose spread is that doubt), per request, times the slice's rate, at
+    least ``cost``. A slice at the line has little to gain whichever way it goes."""
+    if lower is None or not lower.learned:
+        return True
+    if judged is None or judged.verdict != 0 or judged.z < -1.0:
+        return False
+    if lower.log_var < judged.log_var - lower.log_var:
+        return False
+    mu, sd = math.log(judged.ratio), math.sqrt(max(lower.log_var, 1e-12))
+    normal = NormalDist()
+    gain = sd * normal.pdf(mu / sd) + mu * normal.cdf(mu / sd)
+    return gain * rate >= cost

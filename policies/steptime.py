@@ -1,0 +1,236 @@
+"""A pool's engine step time as a function of its batch, learned online. Pure; time is an
+argument.
+
+An engine step reads the weights once and then does work for every sequence in the batch,
+so its time is close to affine in the batch: ``seconds = a + b * batch``, a fixed part and
+a per-sequence part, both >= 0 (the simulator's ``CostModel`` is exactly that; a GPU is
+flat while memory-bound and then linear, which a line fitted over the batches seen follows).
+
+Every finished request with a known decode time and step count is one observation: its
+seconds per engine step, at the mean number of requests in flight on its endpoint while it
+ran (its batch, as the gateway sees it). Observations are kept as running sums weighted
+by ``1 / seconds^2`` (their noise is relative: a step at batch 60 is as noisy in percent as
+one at batch 1) that decay with a half-life, so the fit follows the pool as its traffic
+changes and costs O(1) per observation. The decay applies at the time of the question too:
+a pool that stopped being fed loses weight, and its prediction grows less certain.
+
+The fit is a Bayesian line (``Line``): a Gaussian prior on (a, b), the data's evidence, and
+the residual noise (pooled with ``NOISE_SD`` over ``NOISE_WEIGHT`` pseudo-observations).
+The prediction's variance grows with the distance from the batches observed and with
+staleness. The prior is structural (``transfer``): pools of one ladder serve one target
+model, so another pool's line says what this one should be: the fixed part scales with the
+passes of a step (the target's, plus k draft passes of ``draft_cost`` each) and the
+per-sequence part with the tokens each sequence verifies (k + 1 on a speculative pool, 1 on
+a standard one). So a standard pool seen only at batch 1 extrapolates with the speculative
+pool's measured slope, and the data overrule the prior where they exist. Without another
+pool, a loose generic prior (``KAPPA``) stands in. Observed step times include the prefills
+that ran meanwhile, as the sequences sharing the step paid for them.
+
+Physical priors, not fitted to any test: ``KAPPA`` (a sequence adds 2% of a step's fixed
+time per token it verifies: a memory-bound accelerator adds less, the simulator 3%),
+``COMMON_SD`` (another pool of the same model may run on other hardware or settings: both
+parts of its line within a factor ~1.6 of what the relation says, together),
+``TRANSFER_SD`` (the relation itself holds within ~15% for each part: the draft's cost and
+the attention share vary), ``NOISE_SD`` (one request's mean step time is within ~15% of
+the line: prefills and batch changes during its life).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MIN_OBSERVATIONS = 3.0
+KAPPA = 0.02
+GENERIC_SD = 1.0  # the generic prior: each part known within a factor of e
+TRANSFER_SD = 0.15
+COMMON_SD = 0.5
+NOISE_SD = 0.15
+NOISE_WEIGHT = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """A predicted step time: seconds, and the variance of its logarithm. ``learned``: the
+    pool's own observations weigh at least ``MIN_OBSERVATIONS`` now."""
+
+    seconds: float
+    log_var: float
+    observations: float
+    learned: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A belief about ``seconds = a + b * batch``: the means of a and b, their covariance,
+    and the weight of the pool's own (decayed) observations in it."""
+
+    a: float
+    b: float
+    vaa: float
+    vab: float
+    vbb: float
+    observations: float = 0.0
+
+    def at(self, batch: float) -> StepTime:
+        x = max(batch, 1.0)
+        seconds = max(self.a + self.b * x, 1e-9)
+        var = max(self.vaa + 2 * x * self.vab + x * x * self.vbb, 0.0)
+        learned = self.observations >= MIN_OBSERVATIONS
+        return StepTime(seconds, var / (seconds * seconds), self.observations, learned)
+
+
+@dataclass(slots=True)
+class StepFit:
+    """Decaying sums of one pool's (batch, seconds per step) observations, each weighted by
+    ``1 / seconds^2``; ``w`` is their plain (decayed) count."""
+
+    half_life_s: float = 300.0
+    tokens_per_seq: int = 1
+    at: float = 0.0
+    w: float = 0.0
+    s: float = 0.0
+    sx: float = 0.0
+    sxx: float = 0.0
+    sy: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, now: float, batch: float, seconds: float, weight: float = 1.0) -> None:
+        if seconds <= 0 or weight <= 0:
+            return
+        self._decay(now)
+        x, omega = max(batch, 1.0), weight / (seconds * seconds)
+        self.w += weight
+        self.s += omega
+        self.sx += omega * x
+        self.sxx += omega * x * x
+        self.sy += omega * seconds
+        self.sxy += omega * x * seconds
+
+    def _decay(self, now: float) -> None:
+        if now > self.at:
+            f = self._factor(now)
+            self.w, self.s, self.sx, self.sxx = self.w * f, self.s * f, self.sx * f, self.sxx * f
+            self.sy, self.sxy = self.sy * f, self.sxy * f
+            self.at = now
+
+    def _factor(self, now: float) -> float:
+        return 0.5 ** (max(now - self.at, 0.0) / self.half_life_s) if self.w else 1.0
+
+    def weight(self, now: float) -> float:
+        """The observations' weight at ``now`` (decayed, also without new observations)."""
+        return self.w * self._factor(now)
+
+    def mean_batch(self, now: float) -> float | None:
+        """The batch the observations were taken at (weighted); None under the minimum."""
+        if self.weight(now) < MIN_OBSERVATIONS or self.s <= 0:
+            return None
+        return self.sx / self.s
+
+    def line(self, now: float, prior: Line | None = None) -> Line | None:
+        """The posterior line at ``now`` under ``prior`` (None: the generic prior, which
+        needs observations). None without observations or prior."""
+        f = self._factor(now)
+        n, s, sx, sxx = self.w * f, self.s * f, self.sx * f, self.sxx * f
+        sy, sxy = self.sy * f, self.sxy * f
+        if prior is None:
+            if n <= 0 or s <= 0:
+                return None
+            prior = _generic(sx / s, sy / s, KAPPA * self.tokens_per_seq)
+        if n <= 0:
+            return prior
+        noise = NOISE_SD**2
+        line = prior
+        for _ in range(2):  # the noise from the residuals of the first pass
+            line = _posterior(prior, n, s, sx, sxx, sy, sxy, noise)
+            a, b = line.a, line.b
+            rss = n - 2 * a * sy - 2 * b * sxy + a * a * s + 2 * a * b * sx + b * b * sxx
+            noise = (NOISE_WEIGHT * NOISE_SD**2 + max(rss, 0.0)) / (NOISE_WEIGHT + n)
+        return line
+
+    def predict(self, now: float, batch: float, prior: Line | None = None) -> StepTime | None:
+        """Seconds per step at ``batch``: from the pool's own observations (at least
+        ``MIN_OBSERVATIONS`` of them, decayed) when ``prior`` is None, else from both."""
+        if prior is None and self.weight(now) < MIN_OBSERVATIONS:
+            return None
+        line = self.line(now, prior)
+        return None if line is None else line.at(batch)
+
+
+def _generic(x: float, y: float, per_seq: float) -> Line:
+    """A loose prior through the data's mean (x, y) with slope ``per_seq`` of the fixed
+    part per sequence."""
+    a = y / (1.0 + per_seq * x)
+    b = per_seq * a
+    return Line(a, b, (GENERIC_SD * a) ** 2, 0.0, (GENERIC_SD * b) ** 2)
+
+
+def _posterior(
+    prior: Line,
+    n: float,
+    s: float,
+    sx: float,
+    sxx: float,
+    sy: float,
+    sxy: float,
+    noise: float,
+) -> Line:
+    """Gaussian update of ``prior`` with the weighted sums; a and b kept >= 0 (the
+    constrained optimum in the posterior's own metric)."""
+    det0 = prior.vaa * prior.vbb - prior.vab * prior.vab
+    if det0 <= 0:
+        p_aa, p_ab, p_bb = 1.0 / max(prior.vaa, 1e-30), 0.0, 1.0 / max(prior.vbb, 1e-30)
+    else:
+        p_aa, p_ab, p_bb = prior.vbb / det0, -prior.vab / det0, prior.vaa / det0
+    l_aa, l_ab, l_bb = p_aa + s / noise, p_ab + sx / noise, p_bb + sxx / noise
+    r_a = p_aa * prior.a + p_ab * prior.b + sy / noise
+    r_b = p_ab * prior.a + p_bb * prior.b + sxy / noise
+    det = l_aa * l_bb - l_ab * l_ab
+    a = (l_bb * r_a - l_ab * r_b) / det
+    b = (l_aa * r_b - l_ab * r_a) / det
+    if b < 0:
+        a, b = a + l_ab / l_aa * b, 0.0
+    if a < 0:
+        a, b = 0.0, max(b + l_ab / l_bb * a, 0.0)
+    return Line(max(a, 0.0), b, l_bb / det, -l_ab / det, l_aa / det, n)
+
+
+def transfer(source: Line, k_from: int | None, k_to: int | None, draft_cost: float) -> Line:
+    """What ``source`` (a pool with ``k_from`` draft tokens, None: standard) says about a
+    pool of the same model with ``k_to``: the fixed part scaled by the passes of a step,
+    the per-sequence part by the tokens each sequence verifies. On top of the source's own
+    doubt: a factor common to both parts (``COMMON_SD``: other hardware, another
+    configuration), so that the pool's own data at one batch pin it and the slope follows,
+    and ``TRANSFER_SD`` for each part alone (the structural relation itself)."""
+    k_a, k_b = k_from or 0, k_to or 0
+    fa = (1.0 + k_b * draft_cost) / (1.0 + k_a * draft_cost)
+    fb = (k_b + 1.0) / (k_a + 1.0)
+    a, b = source.a * fa, source.b * fb
+    part, common = TRANSFER_SD**2, COMMON_SD**2
+    return Line(
+        a,
+        b,
+        source.vaa * fa * fa + (part + common) * a * a,
+        source.vab * fa * fb + common * a * b,
+        source.vbb * fb * fb + (part + common) * b * b,
+    )
+
+
+def combine(priors: Iterable[Line]) -> Line | None:
+    """Several independent beliefs about one line, weighted by their precision matrices."""
+    items = list(priors)
+    if not items:
+        return None
+    if len(items) == 1:
+        return items[0]
+    p_aa = p_ab = p_bb = r_a = r_b = 0.0
+    for line in items:
+        det = max(line.vaa * line.vbb - line.vab * line.vab, 1e-30)
+        q_aa, q_ab, q_bb = line.vbb / det, -line.vab / det, line.vaa / det
+        p_aa, p_ab, p_bb = p_aa + q_aa, p_ab + q_ab, p_bb + q_bb
+        r_a += q_aa * line.a + q_ab * line.b
+        r_b += q_ab * line.a + q_bb * line.b
+    det = p_aa * p_bb - p_ab * p_ab
+    a = (p_bb * r_a - p_ab * r_b) / det
+    b = (p_aa * r_b - p_ab * r_a) / det
+    return Line(a, b, p_bb / det, -p_ab / det, p_aa / det)

@@ -1,0 +1,131 @@
+"""The acceptance fold: each signal, from real vLLM chunk shapes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.measure.acceptance import Fold, Labels, Signal, Status
+from tests.fakes import events
+
+SPEC = Labels("tiny", "r", "r / t<=0.3 / ctx<4k", "spec", k=4)
+STANDARD = Labels("tiny", "r", "r / t<=0.3 / ctx<4k", "standard", k=None)
+
+
+def fold_stream(labels: Labels, payloads: list[bytes], *, drop_metrics: bool = False) -> Fold:
+    fold = Fold(labels, started_at=0.0)
+    for i, data in enumerate(payloads, start=1):
+        if data == b"[DONE]":
+            break
+        chunk = orjson.loads(data)
+        if chunk["choices"]:
+            delta = chunk["choices"][0]["delta"]
+            if delta.get("content"):
+                fold.content(i * 0.01, chunk["choices"][0]["finish_reason"])
+        else:
+            fold.usage(chunk["usage"], None if drop_metrics else chunk.get("metrics"))
+    return fold
+
+
+def test_per_request_metrics_win_when_present():
+    outcome = fold_stream(SPEC, events("chat-stream-include-usage.sse")).finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.PER_REQUEST
+    assert (outcome.drafted, outcome.accepted) == (19, 19)
+    assert outcome.mean_acceptance_length == 4.8
+    assert outcome.acceptance_rate == 1.0
+    assert outcome.completion_tokens == 32 and outcome.chunks == 13
+    assert outcome.finish_reason == "length"
+    # ngram drafted in 5 steps only: decode steps = 32 - 1 - 19 = 12, as 13 chunks say
+    assert outcome.steps == 12 == outcome.chunks - 1
+    assert outcome.tokens_per_step == pytest.approx(31 / 12)
+
+
+def test_chunks_give_steps_and_never_drafts():
+    fold = fold_stream(SPEC, events("chat-stream-include-usage.sse"), drop_metrics=True)
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.CHUNKS
+    # 32 tokens in 13 content chunks: 12 decode steps, L = (32 - 1) / (13 - 1)
+    assert outcome.steps == 12 and outcome.tokens_per_step == pytest.approx(31 / 12)
+    # a chunk-derived draft acceptance would read 0.40 where vLLM's counters say 1.0
+    assert outcome.drafted == outcome.accepted == 0 and outcome.acceptance_rate is None
+
+
+def test_zero_draft_tokens_means_no_drafts_not_a_fall_back_to_chunks():
+    fold = Fold(SPEC, 0.0)
+    for i in range(5):
+        fold.content(i * 0.01)
+    metrics = {"speculative_decoding": {"num_draft_tokens": 0, "num_accepted_draft_tokens": 0}}
+    fold.usage({"completion_tokens": 5, "prompt_tokens": 3}, metrics)
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.PER_REQUEST and outcome.drafted == 0
+    assert outcome.acceptance_rate is None and outcome.tokens_per_step == 1.0
+
+
+def test_merged_deltas_bias_the_chunk_signal_upward():
+    one_per_step = Fold(SPEC, 0.0)
+    merged = Fold(SPEC, 0.0)
+    for step in range(11):  # 1 prefill token + 10 steps of 2 tokens = 21 tokens
+        one_per_step.content(step * 0.01)
+        if step % 2 == 0:  # the server merged two steps into one chunk
+            merged.content(step * 0.01)
+    for fold in (one_per_step, merged):
+        fold.usage({"completion_tokens": 21, "prompt_tokens": 5}, None)
+    true_length = one_per_step.finish(Status.OK, 1.0).tokens_per_step
+    biased_length = merged.finish(Status.OK, 1.0).tokens_per_step
+    assert true_length == pytest.approx(2.0)
+    assert biased_length is not None and biased_length > true_length
+
+
+def test_standard_pool_measures_speed_only():
+    outcome = fold_stream(STANDARD, events("chat-stream-include-usage.sse")).finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.NONE and outcome.acceptance_rate is None
+    assert outcome.steps == 31 and outcome.tokens_per_step == 1.0  # one token per step
+    assert outcome.ttft_s == pytest.approx(0.02)
+    assert outcome.tpot_s == pytest.approx((0.14 - 0.02) / 31)
+
+
+def test_speculative_pool_without_usage_falls_to_speed():
+    fold = Fold(SPEC, 0.0)
+    fold.content(0.1)
+    outcome = fold.finish(Status.CANCELLED, 0.5)
+    assert outcome.signal is Signal.SPEED
+    assert outcome.status is Status.CANCELLED and outcome.ttft_s == pytest.approx(0.1)
+    assert outcome.duration_s == pytest.approx(0.5)
+
+
+def test_chunk_estimate_is_clamped_to_k_plus_one():
+    fold = Fold(SPEC, 0.0)
+    fold.content(0.1)
+    fold.content(0.2)
+    fold.usage({"completion_tokens": 50}, None)  # impossible for k=4: at most 1 + 5
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.steps == 10 and outcome.tokens_per_step == 4.9
+
+
+def test_trtllm_says_its_tokens_per_step_on_the_answer():
+    # TensorRT-LLM: generated tokens over decoding iterations, prefill's included
+    labels = Labels("m", "r", "s", "spec", k=3, engine="trtllm")
+    fold = Fold(labels, started_at=0.0)
+    for i in range(6):
+        fold.content(0.1 * (i + 1))
+    fold.tokens_per_iteration(2.5)
+    fold.usage({"completion_tokens": 30}, None)
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.PER_REQUEST
+    assert outcome.steps == 11 and outcome.drafted == 0  # 30 / 2.5 = 12 iterations, 1 prefill
+    fold = Fold(labels, started_at=0.0)
+    fold.answered([{"index": 0, "avg_decoded_tokens_per_iter": True}])  # not a number
+    fold.usage({"completion_tokens": 30}, None)
+    assert fold.finish(Status.OK, 1.0).signal is Signal.SPEED
+
+
+def test_an_engine_without_draft_counts_has_its_zeros_ignored():
+    # a fused Neuron step schedules no drafts: a per-request block would say one token a step
+    labels = Labels("tiny", "r", "s", "spec", k=4, engine="vllm-neuron")
+    zeros = {"speculative_decoding": {"num_draft_tokens": 0, "num_accepted_draft_tokens": 0}}
+    fold = Fold(labels, started_at=0.0)
+    for i in range(5):
+        fold.content(0.1 * (i + 1))
+    fold.usage({"completion_tokens": 21}, zeros)
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.CHUNKS and outcome.steps == 4  # 20 tokens in 4 chunks

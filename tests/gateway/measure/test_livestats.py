@@ -1,0 +1,210 @@
+"""Live statistics: windows roll with injected time, epochs separate evidence, memory is
+bounded, and shared-mode proposals wait for the store."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.measure.acceptance import Labels, Outcome, Signal, Status
+from gateway.measure.livestats import LiveStats
+from gateway.measure.windows import Counts, Window
+from policies.compiled import load_policy
+
+POLICY = load_policy(
+    """
+version: 1
+pools:
+  spec: {kind: speculative, model: m, num_speculative_tokens: 4, endpoints: ["http://a"]}
+  standard: {kind: standard, model: m, endpoints: ["http://b"]}
+ladder: [spec, standard]
+guardrail:
+  {mode: threshold, min_acceptance: 0.5, recover_above: 0.6, min_samples: 4, window_s: 60,
+   cooldown_s: 10}
+rules: [{name: default, start: spec}]
+"""
+)
+KEY = "default / t>0.9 / ctx<4k"
+
+
+def outcome(rate: float, *, epoch: int = 0, pool: str = "spec", status=Status.OK) -> Outcome:
+    labels = Labels("m", "default", KEY, pool, 4 if pool == "spec" else None, epoch=epoch)
+    return Outcome(
+        labels,
+        status,
+        0.0,
+        1.0,
+        0.1,
+        0.02,
+        10,
+        40,
+        10,
+        Signal.PER_REQUEST,
+        drafted=40 if pool == "spec" else 0,
+        accepted=int(40 * rate) if pool == "spec" else 0,
+    )
+
+
+def test_window_drops_old_buckets():
+    w = Window(60)
+    w.add(0.0, Counts(requests=1))
+    w.add(30.0, Counts(requests=1, drafted=10))
+    assert w.total(59.0).requests == 2
+    assert w.total(62.5).requests == 1
+    assert w.total(95.0).requests == 0
+    assert w.since_start.requests == 2  # probe rounds see everything since the start
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.integers(1, 5)), max_size=40), st.floats(0, 80))
+def test_window_total_equals_a_plain_sum(adds, extra):
+    w = Window(60)
+    now = 0.0
+    kept = []
+    for gap, n in adds:
+        now += gap
+        w.add(now, Counts(requests=n))
+        kept.append((now - now % w.width, n))
+    later = now + extra
+    expected = sum(n for start, n in kept if start > later - 60)
+    assert w.total(later).requests == expected
+
+
+def test_restored_increments_land_in_their_own_bucket():
+    w = Window(60)
+    w.add(30.0, Counts(requests=1))
+    w.add(10.0, Counts(requests=2))  # put back after a failed push
+    assert [(start, c.requests) for start, c in w.drain()] == [(10.0, 2), (30.0, 1)]
+    assert w.total(31.0).requests == 0
+
+
+def test_falls_back_then_probes_then_recovers_with_a_fake_clock():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(3):
+        stats.record(outcome(0.2), float(t))
+    assert not stats.guards
+    stats.record(outcome(0.2), 3.0)
+    assert stats.guards[KEY].offset == 1
+    stats.tick(12.0)
+    assert stats.guards[KEY].phase == "fallen_back"
+    stats.tick(13.0)
+    probing = stats.guards[KEY]
+    assert probing.phase == "probing"
+    for t in range(4):
+        stats.record(outcome(0.9, epoch=probing.version), 14.0 + t)
+    assert stats.guards[KEY].offset == 0 and stats.guards[KEY].phase == "on"
+    assert [e.after.phase for e in stats.events] == ["fallen_back", "probing", "on"]
+
+
+def test_outcomes_of_an_older_epoch_do_not_count():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    version = stats.guards[KEY].version
+    for t in range(10):  # requests decided before the fall, finishing after it
+        stats.record(outcome(0.2, epoch=0), 4.0 + t)
+    assert stats.guards[KEY].version == version
+    assert stats.summary(20.0)[KEY]["pools"] == {}
+
+
+def test_cancelled_outcomes_are_not_evidence_and_errors_are_counted():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(10):
+        stats.record(outcome(0.1, status=Status.CANCELLED), float(t))
+    stats.record(outcome(0.1, status=Status.ERROR), 10.0)
+    assert not stats.guards
+    assert stats.summary(11.0)[KEY]["pools"]["spec"]["errors"] == 1
+
+
+def test_slices_are_capped_least_recently_used_first():
+    stats = LiveStats(lambda: POLICY, max_slices=3)
+    for i in range(5):
+        labels = Labels("m", "default", f"slice-{i}", "spec", 4)
+        stats.record(Outcome(labels, Status.OK, 0, 1, None, None, 1, 1, 1, Signal.NONE), 1.0)
+    assert list(stats.summary(1.0)) == ["slice-2", "slice-3", "slice-4"]
+
+
+def test_shared_mode_proposes_instead_of_applying():
+    stats = LiveStats(lambda: POLICY)
+    stats.shared = True
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    assert not stats.guards and list(stats.proposals) == [KEY]
+    for t in range(4):  # no second proposal while one is pending
+        stats.record(outcome(0.2), 5.0 + t)
+    proposals = stats.take_proposals()
+    assert list(proposals) == [KEY] and not stats.proposals
+    stats.apply(KEY, proposals[KEY])
+    assert stats.guards[KEY].offset == 1
+
+
+def test_a_probe_round_at_low_traffic_counts_everything_since_it_began():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    stats.tick(20.0)
+    probing = stats.guards[KEY]
+    assert probing.phase == "probing"
+    for i in range(4):  # one probe a minute: never 4 inside a 60 s window
+        stats.record(outcome(0.9, epoch=probing.version), 30.0 + 70.0 * i)
+    assert stats.guards[KEY].phase == "on"
+
+
+def test_acceptance_comes_with_a_confidence_margin():
+    stats = LiveStats(lambda: POLICY)
+    for t, rate in enumerate([0.8, 0.9] * 10):
+        stats.record(outcome(rate), float(t))
+    window = stats.summary(30.0)[KEY]["pools"]["spec"]
+    # per-request rates 0.8 / 0.9 (sd ~0.051 over 20): 1.96 * sd / sqrt(20) ~ 0.023
+    assert window["acceptance"] == pytest.approx(0.85)
+    assert window["acceptance_margin95"] == pytest.approx(0.0225, abs=0.0005)
+
+
+def test_a_reload_that_shortens_the_ladder_clips_fallen_back_slices():
+    three = load_policy(
+        """
+version: 1
+pools:
+  k7: {kind: speculative, model: m, num_speculative_tokens: 7, endpoints: ["http://a"]}
+  k3: {kind: speculative, model: m, num_speculative_tokens: 3, endpoints: ["http://b"]}
+  standard: {kind: standard, model: m, endpoints: ["http://c"]}
+ladder: [k7, k3, standard]
+guardrail:
+  {mode: threshold, min_acceptance: 0.5, recover_above: 0.6, min_samples: 1, cooldown_s: 10}
+rules: [{name: default, start: k7}]
+"""
+    )
+    current = [three]
+    stats = LiveStats(lambda: current[0])
+    for pool, k, epoch in (("k7", 7, 0), ("k3", 3, 1)):
+        labels = Labels("m", "default", KEY, pool, k, epoch=epoch)
+        bad = Outcome(labels, Status.OK, 0, 1, 0.1, 0.1, 1, 9, 9, Signal.PER_REQUEST, 10, 1)
+        stats.record(bad, 1.0)
+    assert stats.guards[KEY].offset == 2
+    current[0] = POLICY  # [spec, standard]: one rung below the start
+    stats.policy_changed(POLICY)
+    assert stats.guards[KEY].offset == 1 and stats.guards[KEY].version == 3
+
+
+def test_summary_names_the_rungs_and_the_request_rate():
+    stats = LiveStats(lambda: POLICY)
+    for i in range(30):  # 2 requests a second for 15 s, healthy
+        stats.record(outcome(0.9), 100.0 + i / 2)
+    healthy = stats.summary(115.0)[KEY]
+    assert (healthy["start"], healthy["rung"], healthy["probing"]) == ("spec", "spec", None)
+    # the window has covered 15 s (plus at most one 2.5 s bucket): the rate is close to 2/s
+    assert 30 / 17.5 <= healthy["requests_per_s"] <= 2.0
+    assert healthy["window_s"] == 60.0
+    for i in range(40):
+        stats.record(outcome(0.1), 116.0 + i / 10)
+    fallen = stats.summary(120.0)[KEY]
+    assert (fallen["phase"], fallen["rung"], fallen["probing"]) == ("fallen_back", "standard", None)
+    stats.tick(135.0)
+    probing = stats.summary(135.0)[KEY]
+    assert (probing["phase"], probing["rung"], probing["probing"]) == (
+        "probing",
+        "standard",
+        "spec",
+    )
+    later = stats.summary(1000.0)[KEY]
+    assert later["requests_per_s"] == 0.0

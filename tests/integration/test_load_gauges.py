@@ -1,0 +1,67 @@
+"""Other replicas' traffic counts: the load meter reads each endpoint's own count of the
+requests it runs and queues, standard pools included."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.sim.config import Mode, SimConfig
+from gateway.measure.loadscrape import in_flight
+from tests.gateways import sim_policy, sim_stack
+
+pytestmark = pytest.mark.anyio
+FIXTURES = Path(__file__).parents[1] / "vllm_fixtures"
+LONG = {
+    "model": "qwen3-32b",
+    "messages": [{"role": "user", "content": "Tell me a long story."}],
+    "temperature": 0.7,
+    "max_tokens": 400,
+    "ignore_eos": True,
+}
+
+
+def test_the_gauges_of_vllm_and_sglang_pages_are_read():
+    page = (FIXTURES / "metrics-excerpt.txt").read_text()  # real vLLM 0.32: 0 running
+    assert in_flight(page) == 0.0
+    sglang = (
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 3.0\n"
+        "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs 2.0\n"
+    )
+    assert in_flight(sglang) == 5.0
+    assert in_flight("# TYPE other gauge\nother 1.0\n") is None
+
+
+async def test_requests_another_replica_sends_raise_the_ladder_load(tmp_path):
+    spec = SimConfig(mode=Mode.SPECULATIVE, k=4, time_scale=1.0)
+    async with (
+        sim_stack(tmp_path, sim_policy(), spec, scrape_interval_s=3600) as stack,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        services = stack.services
+        assert services.load_scraper is not None
+        standard = services.pools.endpoints["standard"][0].url
+        # four long answers straight from the standard server: this gateway sent nothing
+        others = [
+            asyncio.create_task(client.post(standard + "/v1/chat/completions", json=LONG))
+            for _ in range(4)
+        ]
+        for _ in range(200):  # until the server has taken all four in
+            await services.load_scraper.scrape()
+            services.load.sample(services.clock())
+            if services.load.mean(standard, services.clock() - 0.01, services.clock()) == 4:
+                break
+            await asyncio.sleep(0.02)
+        start = services.clock()
+        await asyncio.sleep(0.5)
+        services.load.sample(services.clock())
+        mean = services.load.mean(standard, start, services.clock())
+        ladder = services.load.ladder("qwen3-32b", services.clock())
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+    assert mean is not None and 3.5 <= mean <= 4.0  # four in flight, none of them ours
+    assert ladder is not None and ladder > 0  # smoothed toward 2; without the gauges 0

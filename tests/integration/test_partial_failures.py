@@ -1,0 +1,181 @@
+"""Partial upstream failure through a real gateway in front of real simulators: independent
+errors on every endpoint, a recovered pool hit by a burst, an endpoint that drops every
+stream after its first event, and streams that break mid-answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.sim.config import Faults, Mode, SimConfig
+from backends.sim.server import create_app as sim_app
+from tests.gateways import gateway, settings
+from tests.servers import serving
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "qwen3-32b"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+
+
+def sim(mode: Mode, seed: int, *, timed: bool = False, **faults: Any) -> SimConfig:
+    """A simulator that answers at once, or (``timed``) one engine step at a time, fast."""
+    return SimConfig(
+        mode=mode, seed=seed, zero_latency=not timed, time_scale=0.02, faults=Faults(**faults)
+    )
+
+
+def policy(spec: Sequence[str], standard: Sequence[str], start: str) -> str:
+    timeouts = "{connect_s: 1, first_byte_s: 2, idle_s: 2}"
+    return f"""
+version: 1
+pools:
+  spec:
+    kind: speculative
+    model: {MODEL}
+    num_speculative_tokens: 4
+    endpoints: [{", ".join(spec)}]
+    timeouts: {timeouts}
+  standard:
+    kind: standard
+    model: {MODEL}
+    endpoints: [{", ".join(standard)}]
+    timeouts: {timeouts}
+    passthrough_non_streaming: false  # stream and assemble, as for a pool measured by chunks
+ladder: [spec, standard]
+rules: [{{name: default, start: {start}}}]
+"""
+
+
+@asynccontextmanager
+async def stack(
+    tmp: Path,
+    spec: Sequence[SimConfig],
+    standard: Sequence[SimConfig],
+    start: str = "spec",
+    **overrides: Any,
+) -> AsyncIterator[tuple[str, Any, list[str], list[str]]]:
+    """A gateway in front of one simulator per config; yields its URL, its services and
+    the simulators' URLs (speculative, standard). Rules start on ``start``: on ``standard``
+    the guardrail never moves traffic, so every request meets the endpoints under test."""
+    async with AsyncExitStack() as servers:
+        spec_urls = [await servers.enter_async_context(serving(sim_app(c))) for c in spec]
+        std_urls = [await servers.enter_async_context(serving(sim_app(c))) for c in standard]
+        text = policy(spec_urls, std_urls, start)
+        async with gateway(settings(tmp, text, **overrides)) as (url, services):
+            yield url, services, spec_urls, std_urls
+
+
+async def control(c: httpx.AsyncClient, url: str, faults: dict[str, Any]) -> None:
+    response = await c.post(url + "/sim/control", json={"faults": faults})
+    assert response.status_code == 200
+
+
+async def run(
+    c: httpx.AsyncClient, url: str, n: int, concurrency: int, **extra: Any
+) -> list[httpx.Response]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one() -> httpx.Response:
+        async with gate:
+            return await c.post(url + "/v1/chat/completions", json={**CHAT, **extra})
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+async def test_independent_errors_on_every_endpoint_rarely_reach_the_client(tmp_path):
+    """30% errors on each of three endpoints in two pools: a request fails only when every
+    endpoint it may try fails (0.3^3 = 2.7%), not when breakers open."""
+    spec = [sim(Mode.SPECULATIVE, 1, error_rate=0.3)]
+    standard = [sim(Mode.STANDARD, 2, error_rate=0.3), sim(Mode.STANDARD, 3, error_rate=0.3)]
+    async with stack(tmp_path, spec, standard) as (url, _, _, _), httpx.AsyncClient() as c:
+        answers = await run(c, url, 600, 16)
+    failed = [r for r in answers if r.status_code != 200]
+    assert len(failed) <= 30, f"{len(failed)} of 600 failed"  # at most 5%
+    assert {r.status_code for r in failed} <= {503}
+    assert all(r.headers.get("retry-after") for r in failed)
+
+
+async def test_a_burst_after_recovery_is_served(tmp_path):
+    spec = [sim(Mode.SPECULATIVE, 1, error_rate=1.0)]
+    standard = [sim(Mode.STANDARD, 2, error_rate=1.0)]
+    async with (
+        stack(tmp_path, spec, standard) as (url, services, spec_urls, std_urls),
+        httpx.AsyncClient() as c,
+    ):
+        down = await run(c, url, 12, 1)
+        assert not services.pools.healthy("spec") and not services.pools.healthy("standard")
+        for sim_url in spec_urls + std_urls:
+            await control(c, sim_url, {"error_rate": 0.0})
+        burst = await run(c, url, 20, 20)
+        after = await run(c, url, 20, 20)
+    assert {r.status_code for r in down} == {503}
+    retry = int(down[-1].headers["retry-after"])
+    assert 1 <= retry <= 30
+    assert [r.status_code for r in burst + after] == [200] * 40
+    assert services.pools.healthy("spec")  # it served, so it is back (and ramping up)
+
+
+async def test_an_endpoint_that_drops_every_stream_after_its_first_event_is_ejected(tmp_path):
+    standard = [
+        sim(Mode.STANDARD, 1, timed=True, die_rate=1.0, die_after_chunks=2),
+        sim(Mode.STANDARD, 2),
+    ]
+    async with (
+        stack(tmp_path, [sim(Mode.SPECULATIVE, 3)], standard, "standard") as running,
+        httpx.AsyncClient() as c,
+    ):
+        url, services, _, std_urls = running
+        broken = 0
+        for _ in range(40):
+            r = await c.post(url + "/v1/chat/completions", json={**CHAT, "stream": True})
+            broken += '"error"' in r.text.rsplit("data: ", 1)[-1]
+        ready = (await c.get(url + "/readyz")).json()
+    states = {e["url"]: e["health"] for e in ready["pools"]["standard"]["endpoints"]}
+    assert states[std_urls[0]] == "ejected" and states[std_urls[1]] == "serving"
+    assert broken == 5  # the failures in a row that ejected it, and no more
+    assert services.pools.healthy("standard")
+
+
+async def test_non_streaming_answers_that_break_mid_way_are_retried(tmp_path):
+    """20% of one endpoint's streams break after their first events: a non-streaming client
+    never sees it (the answer is retried on the other endpoint); every streaming client
+    whose stream broke gets a final error event, never a silent end."""
+    standard = [
+        sim(Mode.STANDARD, 1, timed=True, die_rate=0.2, die_after_chunks=2),
+        sim(Mode.STANDARD, 2, timed=True),
+    ]
+    async with (
+        stack(tmp_path, [sim(Mode.SPECULATIVE, 3)], standard, "standard") as (url, _, _, _),
+        httpx.AsyncClient() as c,
+    ):
+        whole = await run(c, url, 200, 8)
+        streamed = await run(c, url, 200, 8, stream=True)
+        metrics = (await c.get(url + "/metrics")).text
+    assert [r.status_code for r in whole] == [200] * 200
+    assert all(r.json()["choices"][0]["message"]["content"] for r in whole)
+    assert 'result="retried_after_break"' in metrics
+    ends = [r.text.rstrip().rsplit("\n", 1)[-1] for r in streamed]
+    errors = [e for e in ends if e != "data: [DONE]"]
+    assert all('"error"' in e and "upstream_stream_broken" in e for e in errors)
+    assert 4 <= len(errors) <= 50  # about 10% of the 200 (half of them meet the endpoint)
+
+
+async def test_a_hanging_endpoint_times_out_fails_over_and_is_ejected(tmp_path):
+    spec = [sim(Mode.SPECULATIVE, 1, hang_rate=1.0)]
+    text_timeouts = {"outlier_consecutive_failures": 2}
+    async with (
+        stack(tmp_path, spec, [sim(Mode.STANDARD, 2)], **text_timeouts) as (url, services, _, _),
+        httpx.AsyncClient(timeout=10) as c,
+    ):
+        answers = await run(c, url, 4, 1, stream=True)
+        fast = await run(c, url, 4, 1)
+    assert [r.status_code for r in answers + fast] == [200] * 8
+    assert {r.headers["x-speclane-pool"] for r in answers + fast} == {"standard"}
+    assert not services.pools.healthy("spec")

@@ -1,0 +1,132 @@
+"""Tenants come from a source the operator trusts: a client cannot change its tenant, escape
+a deny list, or claim an allow list, the kill switch's included; and each tenant's requests
+in flight are capped."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from gateway.identity import key_hash
+from tests.fakes import Behaviour, FakeUpstream
+from tests.gateways import fake_stack
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "adm1n"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+JSON_CHAT = {**CHAT, "response_format": {"type": "json_object"}}
+POLICY = """
+version: 1
+pools:
+  spec: {{kind: speculative, model: tiny, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
+  standard: {{kind: standard, model: tiny, endpoints: ["{std}"]}}
+ladder: [spec, standard]
+flags:
+  spec-json: {{tenants: {{deny: [acme]}}}}
+tenants:
+  acme: {{api_keys: ["ACME"]}}
+  beta: {{api_keys: ["BETA"], max_concurrent_requests: 2}}
+rules:
+  - {{name: json, match: {{response_format: [json_object]}}, start: spec, flag: spec-json}}
+  - {{name: default, start: spec}}
+""".replace("ACME", key_hash("sk-acme")).replace("BETA", key_hash("sk-beta"))
+
+
+def key(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer sk-{name}"}
+
+
+async def pool(c: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> str:
+    r = await c.post(url + "/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.headers["x-speclane-pool"]
+
+
+async def test_a_client_cannot_change_its_tenant(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        denied = await pool(c, url, JSON_CHAT, key("acme"))
+        claims = [
+            await pool(c, url, JSON_CHAT, key("acme") | {"x-speclane-tenant": "beta"}),
+            await pool(c, url, {**JSON_CHAT, "user": "beta"}, key("acme")),
+            await pool(c, url, {**JSON_CHAT, "user": "x", "tenant": "beta"}, key("acme")),
+        ]
+        others = [await pool(c, url, JSON_CHAT, key("beta")), await pool(c, url, JSON_CHAT, {})]
+        only_beta = {"tenants": {"allow": ["beta"]}, "reason": "beta only"}
+        put = await c.put(url + "/admin/flags/speculation", json=only_beta, headers=AUTH)
+        assert put.status_code == 200
+        allowed = await pool(c, url, CHAT, key("beta"))
+        pretenders = [
+            await pool(c, url, CHAT, {"x-speclane-tenant": "beta"}),
+            await pool(c, url, CHAT, key("unknown") | {"x-speclane-tenant": "beta"}),
+            await pool(c, url, {**CHAT, "user": "beta"}, key("acme")),
+        ]
+    assert denied == "standard" and claims == ["standard"] * 3  # the deny list holds
+    assert others == ["spec", "spec"]
+    assert allowed == "spec" and pretenders == ["standard"] * 3  # the kill switch holds
+
+
+async def test_a_header_names_the_tenant_only_when_the_operator_trusts_it(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(
+            tmp_path, fake.app(), fake.app(), POLICY, trusted_tenant_header="X-Auth-Tenant"
+        ) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        by_proxy = await pool(c, url, JSON_CHAT, {"x-auth-tenant": "acme"})
+        by_client = await pool(c, url, JSON_CHAT, {"x-speclane-tenant": "acme"})
+    assert by_proxy == "standard" and by_client == "spec"
+
+
+async def test_keys_can_be_required(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, require_api_key=True) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        known = await c.post(url + "/v1/chat/completions", json=CHAT, headers=key("beta"))
+        refused = [
+            await c.post(url + "/v1/chat/completions", json=CHAT, headers=headers)
+            for headers in ({}, key("guess"), {"x-speclane-tenant": "beta"})
+        ]
+    assert known.status_code == 200
+    assert [r.status_code for r in refused] == [401] * 3
+    assert all(r.json()["error"]["code"] == "invalid_api_key" for r in refused)
+    assert fake.received == [CHAT | {"stream": True, "stream_options": {"include_usage": True}}]
+
+
+async def test_requests_in_flight_are_capped_per_tenant_and_in_all(tmp_path):
+    slow = FakeUpstream(Behaviour(chunk_delay_s=0.1))
+    async with (
+        fake_stack(tmp_path, slow.app(), slow.app(), POLICY, max_requests=4) as (url, services),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        body = {**CHAT, "stream": True}
+
+        async def held(headers: dict[str, str]) -> httpx.Response:
+            return await c.post(url + "/v1/chat/completions", json=body, headers=headers)
+
+        beta = [asyncio.create_task(held(key("beta"))) for _ in range(2)]
+        while services.gate.in_flight("beta") < 2:
+            await asyncio.sleep(0.01)
+        over_tenant = await held(key("beta"))
+        acme = [asyncio.create_task(held(key("acme"))) for _ in range(2)]
+        while services.gate.total < 4:
+            await asyncio.sleep(0.01)
+        over_all = await held(key("acme"))
+        served = await asyncio.gather(*beta, *acme)
+        after = await held(key("beta"))
+    assert over_tenant.status_code == over_all.status_code == 429
+    assert over_tenant.headers["retry-after"] == "1" and over_all.headers["retry-after"] == "1"
+    assert "tenant beta's limit" in over_tenant.json()["error"]["message"]
+    assert over_all.json()["error"]["code"] == "too_many_requests"
+    assert [r.status_code for r in served] == [200] * 4 and after.status_code == 200
+    assert services.gate.total == 0

@@ -1,0 +1,70 @@
+"""A speculative server that dies fails over: new requests, streamed or not, all succeed on
+the next rung, the client sees no error, and speclane says what happened (the reason header,
+the failover counter, ``/readyz``). The server is started again afterwards by the same
+``speclane local-vllm up``, which restarts only what is not running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.cli.localvllm.stackfile import StackState, policy_text
+from tests.vllm.conftest import bring_up
+from tests.vllm.serve import sample, speclane_serve
+
+pytestmark = pytest.mark.vllm
+
+
+def refuses(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_killed_speculative_server_fails_over(stack: StackState, stack_dir: Path, tmp_path):
+    ngram = stack.server("ngram")
+    assert ngram is not None
+    request = {
+        "model": stack.model,
+        "messages": [{"role": "user", "content": "def main("}],
+        "temperature": 0,
+        "max_tokens": 16,
+    }
+    try:
+        with speclane_serve(tmp_path, policy_text(stack)) as gateway:
+            client = gateway.client()
+            first = client.chat.completions.with_raw_response.create(**request)
+            assert first.headers["x-speclane-pool"] == "ngram"
+            os.killpg(ngram.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while not refuses(ngram.port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            served, reasons = [], []
+            for i in range(12):
+                if i % 2:
+                    raw = client.chat.completions.with_raw_response.create(**request, stream=True)
+                    text = "".join(
+                        c.choices[0].delta.content or "" for c in raw.parse() if c.choices
+                    )
+                else:
+                    raw = client.chat.completions.with_raw_response.create(**request)
+                    text = raw.parse().choices[0].message.content or ""
+                served.append(raw.headers["x-speclane-pool"])
+                reasons.append(raw.headers["x-speclane-reason"])
+                assert text
+            metrics = gateway.metrics()
+            ready = httpx.get(gateway.url + "/readyz", timeout=10).json()
+        assert "ngram" not in served
+        assert all(r.startswith("failover: ngram ") for r in reasons), reasons
+        assert all(f"served by {pool}" in r for r, pool in zip(reasons, served, strict=True))
+        assert sample(metrics, "speclane_failovers_total", pool="ngram", result="served") == 12
+        assert ready["pools"]["ngram"]["healthy"] is False
+    finally:
+        again = bring_up(stack_dir).server("ngram")
+    assert again is not None and again.pid != ngram.pid
+    assert again.port == ngram.port  # a running gateway's policy still points at it
