@@ -25,7 +25,7 @@ request).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from policies.speedup import draft_rate_to_token_rate, expected_tokens_per_step
@@ -66,13 +66,20 @@ class Tally:
 @dataclass(frozen=True, slots=True)
 class Rung:
     """One rung of a slice's ladder as the judge sees it. ``spans`` are the slice's tallies
-    on this pool, newest requests first and growing (empty when it never ran here)."""
+    on this pool, newest requests first and growing (empty when it never ran here), or,
+    when ``transferred``, another speculative rung's tallies carried over to this k
+    (``transfer``), which adds ``TRANSFER_LOG_VAR`` to their doubt."""
 
     pool: str
     k: int | None
     price: float
     step: StepTime | None
     spans: tuple[Tally, ...] = ()
+    transferred: bool = False
+
+    @property
+    def extra_var(self) -> float:
+        return TRANSFER_LOG_VAR if self.transferred else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,20 @@ class Judgement:
     reason: str
     numbers: dict[str, float] = field(default_factory=dict)
     log_var: float = 0.0
+
+
+def transfer(tally: Tally, k_from: int, k_to: int) -> Tally:
+    """A tally measured at ``k_from`` draft tokens as the tally expected at ``k_to``: the
+    per-token acceptance its tokens per step imply (Leviathan's formula), at the other k.
+    Each request's tokens scale by one factor, so the relative dispersion is kept."""
+    per_step = tally.per_step
+    if per_step is None or k_from == k_to:
+        return tally
+    a = draft_rate_to_token_rate((per_step - 1.0) / k_from, k_from)
+    f = expected_tokens_per_step(a, k_to) / per_step
+    return replace(
+        tally, tokens=tally.tokens * f, tok_sq=tally.tok_sq * f * f, tok_step=tally.tok_step * f
+    )
 
 
 def _pooled(tally: Tally) -> float:
@@ -119,14 +140,22 @@ def _fixed(rung: Rung, other: Rung) -> _Side | None:
     if rung.spans and rung.spans[-1].per_step is not None:
         tally = rung.spans[-1]
         per_step = tally.per_step or 1.0
-        var = rung.step.log_var + _pooled(tally) / tally.n
+        var = rung.step.log_var + _pooled(tally) / tally.n + rung.extra_var
         return _Side(base - math.log(per_step), var, per_step, tally.n)
-    source = other.spans[-1].per_step if other.spans and other.k else None
-    if source is None or other.k is None:
+    if not other.spans or other.k is None:
+        return None
+    return _carried(rung, other, other.spans[-1])
+
+
+def _carried(rung: Rung, other: Rung, tally: Tally) -> _Side | None:
+    """A speculative rung's cost from the acceptance ``tally`` of ``other`` implies."""
+    source = tally.per_step
+    if source is None or other.k is None or rung.k is None or rung.step is None:
         return None
     a = draft_rate_to_token_rate((source - 1.0) / other.k, other.k)
     per_step = expected_tokens_per_step(a, rung.k)
-    var = rung.step.log_var + TRANSFER_LOG_VAR + _pooled(other.spans[-1]) / other.spans[-1].n
+    var = rung.step.log_var + TRANSFER_LOG_VAR + _pooled(tally) / tally.n + other.extra_var
+    base = math.log(rung.step.seconds * rung.price)
     return _Side(base - math.log(per_step), var, per_step, 0)
 
 
@@ -155,7 +184,10 @@ def judge(
         per_step = tally.per_step
         if per_step is None or tally.n < min_samples or (max_n is not None and tally.n > max_n):
             continue
-        var = subject.step.log_var + _pooled(tally) / tally.n + fixed.log_var
+        if other.k is not None and not other.spans and subject.k is not None:
+            # carried over from the subject: from the same requests, not its whole window
+            fixed = _carried(other, subject, tally) or fixed
+        var = subject.step.log_var + _pooled(tally) / tally.n + subject.extra_var + fixed.log_var
         if subject.k is None:
             per_step, var = 1.0, subject.step.log_var + fixed.log_var
         diff = sign * (base - math.log(per_step) - fixed.log_cost)
@@ -192,8 +224,10 @@ def _judgement(
         "step_ms_below": lower.step.seconds * 1000,
     }
     below_step = "prior" if not lower.step.learned else "learned"
+    carried = upper.transferred or lower.transferred
+    told = " (acceptance carried over from another rung)" if carried else ""
     reason = (
-        f"{upper.pool} costs {ratio:.2f}x {lower.pool} per token "
+        f"{upper.pool} costs {ratio:.2f}x {lower.pool} per token{told} "
         f"(z {z:+.1f} over {n} requests: {up_steps:.2f} vs {down_steps:.2f} tokens per step, "
         f"step {upper.step.seconds * 1000:.1f} vs {lower.step.seconds * 1000:.1f} ms "
         f"[{below_step}])"

@@ -1,7 +1,8 @@
 """The guardrail: the per-slice state machine that moves a slice down and up its ladder.
 
-Economic mode (the default; ``step_economic``): a slice on rung r falls to r+1 when r+1 is
-cheaper per output token with confidence (``policies/economics.py``), and comes back when r
+Economic mode (the default; ``step_economic``): a slice on rung r falls to the cheapest rung
+below it that is cheaper per output token with confidence (``policies/economics.py``;
+usually r+1, further when a lower rung is cheaper still), and comes back one rung when r
 is cheaper again: at once after ``cooldown_s`` when its tokens per step on r are still in
 the window (a load surge that ended), else through probes. After ``cooldown_s`` a
 fallen-back slice probes rung r continuously: a share of its requests (hashed by request
@@ -207,8 +208,9 @@ def _score(evidence: Evidence, k: int, config: Guardrail) -> tuple[float | None,
 class Economics:
     """What live statistics say about one slice for the economic step.
 
-    ``below``: the serving rung against the one below it (None on the last rung or
-    without evidence). ``above``: the rung above against the serving one, from everything
+    ``below``: the serving rung against a rung ``drop`` rungs below it (None on the last
+    rung or without evidence): the cheapest of those it is dearer than with confidence,
+    else the next one. ``above``: the rung above against the serving one, from everything
     in the window. ``probes``: the same from the newest probes since probing began alone
     (``probe_count`` of them). ``rate``: the slice's requests per second.
     """
@@ -218,6 +220,7 @@ class Economics:
     probes: Judgement | None = None
     probe_count: int = 0
     rate: float = 0.0
+    drop: int = 1
 
 
 def step_economic(
@@ -226,7 +229,7 @@ def step_economic(
     """Advance one slice in economic mode (module docstring). A changed state without a
     transition is a new probe share."""
     if seen.below is not None and seen.below.verdict < 0:
-        after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
+        after = SliceState(state.offset + seen.drop, Phase.FALLEN_BACK, now, state.version + 1)
         return after, _event(slice_key, now, state, after, seen.below, "cheaper below")
     if state.offset == 0:
         return state, None

@@ -12,7 +12,13 @@ clears them, so only evidence gathered since the slice entered its phase is judg
 of requests decided in an older epoch still count in metrics but not in the guardrail. In
 economic mode (the default) evidence outlives transitions: a slice that left speculation in
 a load surge keeps its tokens per step there and comes back when the load drops, and the
-judge weighs recent requests first (``policies/economics.py``).
+judge weighs recent requests first (``policies/economics.py``). A slice is judged against
+every rung below the one serving it and falls to the cheapest one that is cheaper with
+confidence; a serving rung it has no evidence on yet is judged by the nearest speculative
+rung's tokens per step carried over to its k. A climb decided by probes (a healing) makes
+what the slice saw before those probes, on the probed rung and the rungs above, stale: it
+stops counting (``fresh``), so the slice neither falls again on the mix of old and new
+requests nor judges the rungs above by their collapsed past.
 
 Each pool's step time as a function of its batch is learned from every outcome it served,
 whichever slice sent it (``policies/steptime.py``): decode seconds over decode steps, at
@@ -44,7 +50,7 @@ from gateway.measure.acceptance import Outcome, Signal, Status
 from gateway.measure.steptimes import EXPLORE_PER_MINUTE, StepTimes
 from gateway.measure.windows import BUCKETS, Counts, Window, spans, total_since
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
-from policies.economics import Judgement, Rung, Tally, hinges, judge, span_targets
+from policies.economics import Judgement, Rung, Tally, hinges, judge, span_targets, transfer
 from policies.guardrail import (
     NOTHING,
     ON_START,
@@ -79,7 +85,8 @@ class _Slice:
     window_s: float = 300.0
     economic: bool = False
     probes: int = 0
-    recent: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
+    recent: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
+    fresh: dict[str, float] = field(default_factory=dict)
 
     @property
     def window_epoch(self) -> int:
@@ -87,12 +94,22 @@ class _Slice:
         return 0 if self.economic else self.state.version
 
     def buckets(self, pool: str, now: float) -> list[tuple[float, Counts]]:
-        """Local and pulled buckets of ``pool`` still in the window."""
+        """Local and pulled buckets of ``pool`` still in the window, and not older than the
+        pool's evidence floor (``fresh``: a bucket begun before it may hold stale requests)."""
         window = self.windows.get(pool)
         out = window.buckets(now) if window else []
-        oldest = now - self.window_s
-        out += [(t, c) for t, c in self.remote.get(pool, {}).items() if t > oldest]
+        floor = self.fresh.get(pool)
+        if floor is not None:
+            out = [(t, c) for t, c in out if t >= floor]
+        oldest, first = now - self.window_s, float("-inf") if floor is None else floor
+        out += [(t, c) for t, c in self.remote.get(pool, {}).items() if t > oldest and t >= first]
         return out
+
+    def newest(self, pool: str) -> list[tuple[int, int]]:
+        """(tokens, steps) of the newest requests of ``pool`` one by one, oldest first,
+        from the pool's evidence floor on."""
+        floor = self.fresh.get(pool, float("-inf"))
+        return [(t, s) for at, t, s in self.recent.get(pool, ()) if at >= floor]
 
     def counts(self, pool: str, now: float) -> Counts:
         """Evidence for ``pool``: the sliding window, except while probing, when everything
@@ -136,6 +153,19 @@ class _Slice:
             self.remote.clear()
         self.proposed = False
         self.probes = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What ``judgements`` makes of a slice's evidence: ``economics`` for the guardrail's
+    step; ``near``, the serving rung against the next one down, and ``lower``, that rung's
+    step time (whether exploring it is worth it); ``decided_by``, how many of the newest
+    probes the probes' judgement rests on."""
+
+    economics: Economics
+    near: Judgement | None
+    lower: StepTime | None
+    decided_by: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +238,7 @@ class LiveStats:
             recent = entry.recent.get(labels.pool)
             if recent is None:
                 recent = entry.recent[labels.pool] = deque(maxlen=RECENT)
-            recent.append((counts.tokens, counts.steps))
+            recent.append((now, counts.tokens, counts.steps))
         if outcome.signal is Signal.SPEED and outcome.status is Status.OK:
             per_slice = self._unmeasured.setdefault(labels.pool, {})
             per_slice[labels.slice] = per_slice.get(labels.slice, 0) + 1
@@ -301,11 +331,13 @@ class LiveStats:
         config = rule.guardrail
         start = ladder.index(rule.rule.start)
         serving = min(start + entry.state.offset, len(ladder.pools) - 1)
-        below, above, probes, lower = self.judgements(entry, ladder, serving, start, config, now)
+        seen = self.judgements(entry, ladder, serving, start, config, now)
         rate = entry.requests_per_s(now)
-        seen = Economics(below, above, probes, entry.probes, rate)
-        state, transition = step_economic(key, entry.state, seen, config, now)
+        economics = replace(seen.economics, probe_count=entry.probes, rate=rate)
+        state, transition = step_economic(key, entry.state, economics, config, now)
         if transition is not None:
+            if transition.after.offset < entry.state.offset and _by_probes(economics):
+                self._stale_before_probes(entry, ladder, serving - 1, seen.decided_by, now)
             self._transition(key, entry, transition)
             return
         if state != entry.state:  # a new probe share: not an event
@@ -313,14 +345,26 @@ class LiveStats:
             self._publish()
         explore, live = 0.0, False
         if serving + 1 < len(ladder.pools):
-            need = hinges(below, lower, rate, EXPLORE_PER_MINUTE / 60.0)
+            need = hinges(seen.near, seen.lower, rate, EXPLORE_PER_MINUTE / 60.0)
             pool = ladder.pools[serving + 1]
             explore = self.steps.explore_share(pool, key, rate, need, config.probe_fraction, now)
-            live = explore > 0 and below is not None and below.z >= 0.0
+            live = explore > 0 and seen.near is not None and seen.near.z >= 0.0
             live = live and config.probe is ProbeMode.LIVE
         if (explore, live) != (entry.state.explore, entry.state.explore_live):
             entry.state = replace(entry.state, explore=explore, explore_live=live)
             self._publish()
+
+    def _stale_before_probes(
+        self, entry: _Slice, ladder: Ladder, probed: int, decided_by: int, now: float
+    ) -> None:
+        """Probes showed rung ``probed`` cheaper than its window said: what the slice saw
+        there before the ``decided_by`` newest probes, and everything it saw on the rungs
+        above, predates the change (a healing) and is no longer evidence."""
+        pool = ladder.pools[probed]
+        times = [at for at, _, _ in entry.recent.get(pool, ())]
+        entry.fresh[pool] = times[-decided_by] if 0 < decided_by <= len(times) else now
+        for upper in ladder.pools[:probed]:
+            entry.fresh[upper] = now
 
     def judgements(
         self,
@@ -330,19 +374,26 @@ class LiveStats:
         start: int,
         config: Guardrail,
         now: float,
-    ) -> tuple[Judgement | None, Judgement | None, Judgement | None, StepTime | None]:
-        """(serving vs below, above vs serving, above vs serving on the newest probes since
-        probing began, the rung below's step time) for one slice, at the ladder's load."""
+    ) -> Seen:
+        """One slice's judgements at the ladder's load (``Seen``)."""
         load = self._judge_load(ladder, now)
         targets = span_targets(config.min_samples)
         rungs = [
-            self._rung(entry, ladder, i, load, targets, config, now)
+            self._rung(entry, ladder, i, load, targets, config, now, carry=i == serving)
             for i in range(len(ladder.pools))
         ]
         n, confidence = config.min_samples, config.confidence
-        below = above = probes = None
-        if serving + 1 < len(ladder.pools):
-            below = judge(rungs[serving], rungs[serving + 1], min_samples=n, confidence=confidence)
+        below = above = probes = near = None
+        drop = 1
+        for j in range(serving + 1, len(ladder.pools)):
+            judged = judge(rungs[serving], rungs[j], min_samples=n, confidence=confidence)
+            if j == serving + 1:
+                below = near = judged
+            if judged is None or judged.verdict >= 0:
+                continue
+            if below is None or below.verdict >= 0 or judged.ratio > below.ratio:
+                below, drop = judged, j - serving
+        decided_by = 0
         if serving > start:
             above = judge(rungs[serving - 1], rungs[serving], min_samples=n, confidence=confidence)
             if entry.state.phase is Phase.PROBING and entry.probes:
@@ -354,8 +405,9 @@ class LiveStats:
                     confidence=config.confidence,
                     max_n=entry.probes,
                 )
+                decided_by = probes.n if probes is not None else 0
         lower = rungs[serving + 1].step if serving + 1 < len(ladder.pools) else None
-        return below, above, probes, lower
+        return Seen(Economics(below, above, probes, drop=drop), near, lower, decided_by)
 
     def _rung(
         self,
@@ -366,20 +418,42 @@ class LiveStats:
         targets: tuple[int, ...],
         config: Guardrail,
         now: float,
+        *,
+        carry: bool = False,
     ) -> Rung:
+        """Rung ``i`` as the judge sees it. With ``carry`` (the serving rung), a speculative
+        rung without evidence of its own takes the nearest speculative rung's, carried over
+        to its k; the judge carries evidence over to the other rungs itself."""
         pool = ladder.pools[i]
-        tallies: tuple[Tally, ...] = ()
-        if ladder.k[i] is not None:
-            recent = entry.recent.get(pool, ())
-            short = [t for t in targets if t <= len(recent)]
-            longer = spans(entry.buckets(pool, now), [t for t in targets if t > len(recent)])
-            tallies = _newest(recent, short) + tuple(x for x in longer if x.n > len(recent))
+        tallies = self._tallies(entry, pool, ladder.k[i], targets, now)
+        transferred = False
+        k = ladder.k[i]
+        if carry and k is not None and not tallies:
+            for j in sorted(range(len(ladder.pools)), key=lambda j: (abs(j - i), j)):
+                other = ladder.k[j]
+                if j == i or other is None:
+                    continue
+                source = self._tallies(entry, ladder.pools[j], other, targets, now)
+                if source:
+                    tallies = tuple(transfer(t, other, k) for t in source)
+                    transferred = True
+                    break
         step = self.steps.at(ladder, i, load, config.draft_cost_ratio, now)
         policy = self._policy()
         prices = [policy.pools[p].cost_per_hour for p in ladder.pools if p in policy.pools]
         price = policy.pools[pool].cost_per_hour if pool in policy.pools else None
         per_second = price / 3600.0 if price is not None and None not in prices else 1.0
-        return Rung(pool, ladder.k[i], per_second, step, tallies)
+        return Rung(pool, k, per_second, step, tallies, transferred)
+
+    def _tallies(
+        self, entry: _Slice, pool: str, k: int | None, targets: tuple[int, ...], now: float
+    ) -> tuple[Tally, ...]:
+        if k is None:
+            return ()
+        recent = entry.newest(pool)
+        short = [t for t in targets if t <= len(recent)]
+        longer = spans(entry.buckets(pool, now), [t for t in targets if t > len(recent)])
+        return _newest(recent, short) + tuple(x for x in longer if x.n > len(recent))
 
     def _judge_load(self, ladder: Ladder, now: float) -> float | None:
         load = self._load(ladder.model, now) if self._load is not None else None
@@ -596,6 +670,11 @@ class LiveStats:
                 "pools": pools,
             }
         return out
+
+
+def _by_probes(seen: Economics) -> bool:
+    """Did the newest probes, rather than the whole window, decide a climb?"""
+    return seen.probes is not None and seen.probes.verdict > 0
 
 
 def _newest(recent: Iterable[tuple[int, int]], targets: list[int]) -> tuple[Tally, ...]:
