@@ -101,13 +101,18 @@ async def test_collapse_falls_back_within_min_samples_and_probing_recovers(tmp_p
     assert phases == [("on", "fallen_back"), ("fallen_back", "probing"), ("probing", "on")]
 
 
+# Time is compressed (cooldown_s 0.5, the sims at --time-scale 0.1), and so is the longest
+# wait between probes: at the default 480 s, a fallen-back slice that the collapse made look
+# twice as dear probes ~1% of its requests, ~2 probes in the 200 requests below, and whether
+# any landed was luck (one run in ten or so failed). With 2 s it probes at least one request
+# per 2 s of its traffic, so recovery is the bound max_cooldown_s promises, not a draw.
 ECONOMIC = """
 version: 1
 pools:
   spec: {{kind: speculative, model: qwen3-32b, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
   standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"]}}
 ladder: [spec, standard]
-guardrail: {{window_s: 60, cooldown_s: 0.5, probe_fraction: 0.5}}
+guardrail: {{window_s: 60, cooldown_s: 0.5, probe_fraction: 0.5, max_cooldown_s: 2}}
 rules:
   - name: code
     match: {{endpoint: [code-assist]}}

@@ -17,6 +17,7 @@ from tests.gateways import sim_stack
 
 pytestmark = pytest.mark.anyio
 
+# max_cooldown_s compressed with the rest of the time (tests/integration/test_guardrail_sim.py)
 POLICY = """
 version: 1
 pools:
@@ -24,7 +25,7 @@ pools:
             engine: vllm-neuron, method: draft_model, endpoints: ["{spec}"]}}
   standard: {{kind: standard, model: qwen3-32b, engine: vllm-neuron, endpoints: ["{std}"]}}
 ladder: [spec-k7, standard]
-guardrail: {{window_s: 60, cooldown_s: 0.5, probe_fraction: 0.5}}
+guardrail: {{window_s: 60, cooldown_s: 0.5, probe_fraction: 0.5, max_cooldown_s: 2}}
 rules:
   - name: structured
     match: {{response_format: [json_object, json_schema]}}
