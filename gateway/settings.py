@@ -42,6 +42,21 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="413 above this")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="request line and headers; 431 above this"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a request's headers must arrive within this; else 408, closed"
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="a request's body must arrive within this after its headers"
+    )
+    max_connections: int = Field(
+        4096, ge=1, description="open client connections per process; 503 + Retry-After above"
+    )
+    keepalive_timeout_s: float = Field(
+        5.0, gt=0, description="an idle keep-alive connection is closed after this"
+    )
     decision_headers: bool = Field(True, description="send x-speclane-* headers")
     trusted_tenant_header: str | None = Field(
         None, description="a header an authenticating proxy in front sets to the tenant"
@@ -107,6 +122,12 @@ class Settings(BaseSettings):
         200, ge=0, description="slices with their own metric label; later ones are 'other'"
     )
     graceful_shutdown_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
+    drain_delay_s: float = Field(
+        2.0,
+        ge=0,
+        description="on SIGTERM, /readyz fails and new requests get 503 for this long before "
+        "the port closes and the drain time starts (SIGINT skips it)",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     access_log: bool = Field(False, description="one log line per request")
 

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from gateway.server.app import build_services, create_app
+from gateway.server.connections import server_options
 from gateway.services import Services
 from gateway.settings import Settings
 from tests.servers import serving
@@ -80,7 +81,7 @@ def settings(tmp: Path, text: str, **overrides: Any) -> Settings:
 async def gateway(settings_: Settings) -> AsyncIterator[tuple[str, Services]]:
     """A gateway served by uvicorn on loopback; yields its URL and its services."""
     services = build_services(settings_)
-    async with serving(create_app(settings_, services)) as url:
+    async with serving(create_app(settings_, services), **server_options(settings_)) as url:
         yield url, services
 
 

@@ -22,19 +22,18 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def serving(app: ASGIApp, port: int | None = None) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 until the block ends; yields the base URL."""
+async def serving(app: ASGIApp, port: int | None = None, **options: Any) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on 127.0.0.1 until the block ends; yields the base URL.
+    ``options`` replace uvicorn's (``http``, ``timeout_keep_alive``, ...)."""
     port = port or free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="on",
-        loop="none",
-        http="httptools",
-        timeout_graceful_shutdown=1,
-    )
+    defaults: dict[str, Any] = {
+        "log_level": "warning",
+        "lifespan": "on",
+        "loop": "none",
+        "http": "httptools",
+        "timeout_graceful_shutdown": 1,
+    }
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, **{**defaults, **options})
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:

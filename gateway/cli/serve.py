@@ -171,12 +171,14 @@ def _worker(settings: Settings, sock: socket.socket) -> int:
 
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    from gateway.server.connections import server_options
+
     fmt = WORKER_LOG_FORMAT if settings.several_workers else LOG_FORMAT
     return {
+        **server_options(settings),
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
-        "http": "httptools",
         "log_level": settings.log_level,
         "access_log": settings.access_log,
         "log_config": _uvicorn_logging(settings.log_level, fmt),

@@ -1,0 +1,232 @@
+"""Hostile connections against a real gateway on loopback, served as ``speclane serve``
+serves it (``gateway/server/connections.py``): oversized heads, heads and bodies trickled a
+byte at a time, more connections than the cap, idle and broken connections; and normal
+clients served while it goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.fakes import FakeUpstream
+from tests.gateways import fake_stack
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+
+
+@asynccontextmanager
+async def _gateway(tmp_path: Any, **limits: Any) -> AsyncIterator[tuple[str, FakeUpstream]]:
+    fake = FakeUpstream()
+    async with fake_stack(tmp_path, fake.app(), fake.app(), **limits) as (url, _):
+        yield url, fake
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _answer(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, orjson.loads(body)
+
+
+async def _normal_clients(url: str, clients: int, requests: int, pause_s: float) -> list[int]:
+    async def one() -> list[int]:
+        statuses = []
+        async with httpx.AsyncClient(timeout=10) as c:
+            for _ in range(requests):
+                statuses.append((await c.post(url + "/v1/chat/completions", json=CHAT)).status_code)
+                await asyncio.sleep(pause_s)
+        return statuses
+
+    return [s for batch in await asyncio.gather(*(one() for _ in range(clients))) for s in batch]
+
+
+async def _attack(url: str, attackers: int, one: Callable[[str, int], Awaitable[bytes]]) -> Any:
+    """Run ``one`` per attacker again and again until cancelled; what each got back."""
+    host, port = _address(url)
+    got: list[bytes] = []
+
+    async def loop() -> None:
+        while True:
+            got.append(await one(host, port))
+
+    tasks = [asyncio.create_task(loop()) for _ in range(attackers)]
+    return tasks, got
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _slow_head(host: str, port: int) -> bytes:
+    """A head sent one byte every 0.1 s, for ever; what the gateway answered."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(HEAD)
+        reading = asyncio.create_task(reader.read())
+        while not reading.done():
+            with contextlib.suppress(ConnectionError):
+                writer.write(b"x")
+            await asyncio.wait([reading], timeout=0.1)
+        return reading.result()
+    finally:
+        writer.close()
+
+
+async def _big_head(host: str, port: int) -> bytes:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(HEAD + b"x-big: " + b"a" * 256 * 1024)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        return await reader.read()
+    finally:
+        writer.close()
+
+
+async def test_normal_clients_are_served_during_a_slowloris(tmp_path):
+    async with _gateway(tmp_path, header_timeout_s=0.5) as (url, _):
+        tasks, got = await _attack(url, 100, _slow_head)
+        statuses = await _normal_clients(url, 4, 15, 0.05)
+        while len(got) < 100:  # every attacker cut at least once
+            await asyncio.sleep(0.1)
+        await _stop(tasks)
+    assert statuses == [200] * 60
+    status, headers, body = _answer(got[0])
+    assert status == 408 and headers["connection"] == "close"
+    assert body["error"]["code"] == "request_timeout"
+
+
+async def test_normal_clients_are_served_during_a_header_flood(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=16 * 1024) as (url, _):
+        tasks, got = await _attack(url, 20, _big_head)
+        statuses = await _normal_clients(url, 4, 15, 0.02)
+        await _stop(tasks)
+    assert statuses == [200] * 60
+    assert len(got) >= 20
+    assert {_answer(raw)[0] for raw in got} == {431}
+
+
+async def test_an_oversized_head_is_a_431_in_bounded_memory(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=16 * 1024) as (url, _):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        before = _rss_mib()
+        sent = 0
+
+        async def send() -> None:  # 64 MiB of header, as fast as the gateway takes it
+            nonlocal sent
+            writer.write(HEAD + b"x-big: ")
+            with contextlib.suppress(ConnectionError):
+                while sent < 64 * 1024 * 1024:
+                    writer.write(b"a" * 65536)
+                    await writer.drain()
+                    sent += 65536
+
+        sending = asyncio.create_task(send())
+        answer = await reader.read(4096)
+        await sending  # the client ignores the answer and goes on until the gateway closes
+        grown = _rss_mib() - before
+        writer.close()
+        async with httpx.AsyncClient() as c:
+            after = await c.post(url + "/v1/chat/completions", json=CHAT)
+    status, headers, body = _answer(answer)
+    assert status == 431 and headers["connection"] == "close"
+    assert body["error"] == {
+        "message": "the request's headers are larger than the gateway's limit of 16384 bytes",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "request_header_fields_too_large",
+    }
+    assert grown < 16, f"RSS grew {grown:.0f} MiB for {sent >> 20} MiB of header"
+    assert after.status_code == 200
+
+
+async def test_a_trickled_body_is_cut_with_a_408(tmp_path):
+    async with _gateway(tmp_path, body_timeout_s=0.5) as (url, fake):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        writer.write(HEAD + b"content-length: 1000\r\n\r\n")
+        reading = asyncio.create_task(reader.read())
+        while not reading.done():
+            with contextlib.suppress(ConnectionError):
+                writer.write(b" ")
+            await asyncio.wait([reading], timeout=0.1)
+        writer.close()
+    status, _, body = _answer(reading.result())
+    assert status == 408 and body["error"]["message"] == "the request's body did not arrive in time"
+    assert fake.received == []
+
+
+async def test_connections_above_the_cap_get_a_503_with_retry_after(tmp_path):
+    async with _gateway(tmp_path, max_connections=8) as (url, _):
+        held = [await asyncio.open_connection(*_address(url)) for _ in range(8)]
+        async with httpx.AsyncClient() as c:
+            refused = await c.post(url + "/v1/chat/completions", json=CHAT)
+            for _, writer in held:
+                writer.close()
+            for _ in range(100):  # until the gateway has seen them go
+                served = await c.post(url + "/v1/chat/completions", json=CHAT)
+                if served.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "too_many_connections"
+    assert served.status_code == 200
+
+
+async def test_idle_connections_are_closed(tmp_path):
+    async with _gateway(tmp_path, header_timeout_s=0.3, keepalive_timeout_s=0.3) as (url, _):
+        silent, quiet = await asyncio.open_connection(*_address(url))
+        kept, writer = await asyncio.open_connection(*_address(url))
+        writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        first = await kept.readuntil(b'{"status":"ok"}')
+        assert await asyncio.wait_for(silent.read(), 10) == b""  # never sent a byte: no answer
+        assert await asyncio.wait_for(kept.read(), 10) == b""  # closed after its answer
+        quiet.close()
+        writer.close()
+    assert first.startswith(b"HTTP/1.1 200")
+
+
+async def test_pipelined_requests_and_large_bodies_pass(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=1024) as (url, fake):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" * 40)  # 40 heads in one write
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 40:
+            answers += await reader.read(65536)
+        writer.close()
+        padded = {**CHAT, "padding": "p" * 1024 * 1024}  # head and body in the same reads
+        async with httpx.AsyncClient() as c:
+            big = await c.post(url + "/v1/chat/completions", json=padded)
+    assert big.status_code == 200 and len(fake.received) == 1
+
+
+async def test_bytes_that_are_not_http_get_an_openai_shaped_400(tmp_path):
+    async with _gateway(tmp_path) as (url, _):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        writer.write(b"\x16\x03\x01 not http\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+    status, _, body = _answer(answer)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
