@@ -108,14 +108,7 @@ def _resolve_workers(settings: Settings) -> Settings:
 
 
 def _one(settings: Settings) -> int:
-    import uvicorn
-
-    from gateway.server.app import create_app
-
-    app = create_app(settings)
-    _tune_gc()
-    uvicorn.run(app, **_uvicorn_options(settings))
-    return 0
+    return _serve(settings)
 
 
 def _several(settings: Settings) -> int:
@@ -142,7 +135,7 @@ def _several(settings: Settings) -> int:
         settings.workers,
         sock,
         functools.partial(_worker, settings),
-        grace_s=settings.graceful_shutdown_s,
+        grace_s=settings.drain_delay_s + settings.graceful_shutdown_s,
         on_exit=functools.partial(mark_process_dead, path=str(metrics)),
     )
     logging.getLogger(__name__).info(
@@ -157,16 +150,25 @@ def _several(settings: Settings) -> int:
 
 def _worker(settings: Settings, sock: socket.socket) -> int:
     """One of several workers, in its own process: the app, served on the shared socket."""
-    import uvicorn
-
     from gateway.measure.telemetry import share_between_processes
-    from gateway.server.app import create_app
 
     share_between_processes()
-    app = create_app(settings)
+    return _serve(settings, sock)
+
+
+def _serve(settings: Settings, sock: socket.socket | None = None) -> int:
+    """The app under uvicorn until a graceful stop (``gateway/server/shutdown.py``)."""
+    import uvicorn
+
+    from gateway.server.app import build_services, create_app
+    from gateway.server.shutdown import DrainingServer
+
+    services = build_services(settings)
+    app = create_app(settings, services)
     _tune_gc()
-    server = uvicorn.Server(uvicorn.Config(app, **_uvicorn_options(settings)))
-    server.run(sockets=[sock])
+    config = uvicorn.Config(app, **_uvicorn_options(settings))
+    server = DrainingServer(config, services.gate, settings.drain_delay_s)
+    server.run(sockets=None if sock is None else [sock])
     return 0 if server.started else 1
 
 

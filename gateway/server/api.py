@@ -49,6 +49,8 @@ class Api:
         (with an OpenAI-style 503), which beats a Service with no ready pods refusing
         connections. Upstream health and shared-state degradation are in the detail."""
         services = self.services
+        if services.gate.draining:
+            return _json({"ready": False, "draining": True}, 503)
         policy = services.policy.current
         pools = pool_health(services)
         models = {

@@ -18,6 +18,7 @@ from gateway.identity import Caller, Identity
 from policies.compiled import CompiledPolicy
 
 _RETRY_S = 1.0
+_CLOSE = {"connection": "close"}  # the next try should open a connection elsewhere
 
 
 class Gate:
@@ -42,7 +43,7 @@ class Gate:
         """Admit one request, or raise the ``ApiError`` that refuses it."""
         if self.draining:
             message = "the gateway is shutting down"
-            raise ApiError(503, message, "server_error", None, "shutting_down", _RETRY_S)
+            raise ApiError(503, message, "server_error", None, "shutting_down", _RETRY_S, _CLOSE)
         caller = self._identity.caller(headers)
         tenant = caller.tenant
         held = self._in_flight.get(tenant, 0)

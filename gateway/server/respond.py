@@ -13,10 +13,17 @@ caused is absorbed, so the server sees a handler that returned, not one that fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from starlette.types import Receive, Scope, Send
+
+from gateway.errors import ApiError
+
+_CUT = ApiError(
+    503, "the gateway shut down before the answer finished", "server_error", None, "shutting_down"
+).sse()
 
 
 class Disconnect:
@@ -77,9 +84,11 @@ class SSEResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = self._body
+        started = ended = False
         try:
             async with cancelled_on_disconnect(receive) as disconnect:
                 await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+                started = True
                 last = b""
                 async for chunk in body:
                     if self._finished():
@@ -87,7 +96,15 @@ class SSEResponse:
                         break
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 disconnect.settled = True
+                ended = True
                 await send({"type": "http.response.body", "body": last, "more_body": False})
+        except asyncio.CancelledError:
+            # Not the client's disconnect (that is absorbed above): the server stopping after
+            # its drain time. The stream ends with an error event, not silently truncated.
+            if started and not ended:
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": _CUT, "more_body": False})
+            raise
         finally:
             await _close(body)
 
