@@ -137,8 +137,13 @@ class Stack:
         policy = self.workdir / "policy.yaml"
         policy.write_text(o.policy(self.spec_url, self.standard_url))
         argv = ["serve", "--policy", str(policy), "--host", "127.0.0.1", "--port", str(gw)]
-        # A short drain: the demo closes its client before it stops the gateway.
-        env = {"SPECLANE_ADMIN_TOKEN": self.admin_token, "SPECLANE_GRACEFUL_SHUTDOWN_S": "2"}
+        # A short drain and no delay before it: the demo closes its client before it stops
+        # the gateway, and no load balancer needs telling.
+        env = {
+            "SPECLANE_ADMIN_TOKEN": self.admin_token,
+            "SPECLANE_GRACEFUL_SHUTDOWN_S": "2",
+            "SPECLANE_DRAIN_DELAY_S": "0",
+        }
         self._spawn("gateway", argv, gw, "/readyz", env)
 
     def _spawn(

@@ -89,12 +89,13 @@ async def _while_draining(url: str) -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=url, timeout=5) as fresh:
             try:
                 ready = await fresh.get("/readyz")
-                if ready.status_code == 503:
-                    seen.setdefault("ready", ready)
-                    seen.setdefault("new", await fresh.post("/v1/chat/completions", json=STREAM))
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                # refused, or taken just as the port closed and closed unanswered
                 seen["closed"] = True
                 return seen
+            if ready.status_code == 503 and "ready" not in seen:
+                seen["ready"] = ready
+                seen["new"] = await fresh.post("/v1/chat/completions", json=STREAM)
         await asyncio.sleep(0.05)
     return seen
 

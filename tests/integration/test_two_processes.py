@@ -78,6 +78,6 @@ async def test_kill_switch_reaches_the_other_process_within_a_second(tmp_path):
             errors = [process.communicate(timeout=10)[1].decode() for process in processes]
     assert took < 1.0
     assert audits[0] == audits[1] and [e["flag"] for e in audits[0]] == ["speculation"]
-    # uvicorn drains, then re-raises SIGTERM so supervisors see how the process ended
-    assert [p.returncode for p in processes] == [-15, -15]
+    # a graceful stop on SIGTERM (drain, then the streams in flight finish) exits 0
+    assert [p.returncode for p in processes] == [0, 0]
     assert not any("Traceback" in e for e in errors), errors
