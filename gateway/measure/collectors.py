@@ -8,6 +8,7 @@ folded into ``other`` appear only in the per-rule counts.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -53,6 +54,20 @@ class PoolAcceptance(Collector):
                 fed.add_metric([pool], reading.fed_at)
         yield rate
         yield fed
+
+
+class LoopTasks(Collector):
+    """Tasks alive in the event loop of the process that answers the scrape: a number that
+    grows without bound under steady load is a leak."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            count = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped outside a running loop
+            return
+        yield GaugeMetricFamily(
+            "speclane_event_loop_tasks", "asyncio tasks alive in this process", value=count
+        )
 
 
 class Prices(Collector):

@@ -38,7 +38,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.measure.acceptance import Outcome
-from gateway.measure.collectors import GuardrailStates, PoolAcceptance, PoolReading, Prices
+from gateway.measure.collectors import (
+    GuardrailStates,
+    LoopTasks,
+    PoolAcceptance,
+    PoolReading,
+    Prices,
+)
 from gateway.measure.livestats import LiveStats
 from gateway.measure.slicecap import SliceLabels
 from gateway.measure.tally import Counts, Levels, Observations
@@ -290,7 +296,9 @@ class Telemetry:
             ProcessCollector(registry=registry),
             GCCollector(registry=registry),
             PlatformCollector(registry=registry),
+            LoopTasks(),
         )
+        registry.register(process[-1])
         if telemetry.exposition is not registry:
             for collector in process:
                 telemetry.exposition.register(collector)
