@@ -1,0 +1,479 @@
+"""The long forms of the fault suite (issue 9): a real ``speclane serve`` in front of real
+``speclane sim`` processes, each in its own process group, driven by the ``openai``-shaped
+requests of ``httpx`` clients.
+
+- the fault matrix: the simulator's knobs (``/sim/control``: independent errors, streams
+  dropped mid-answer, every endpoint overloaded), SIGKILL and SIGSTOP of an endpoint, and
+  hostile connections (a slowloris and a header flood) beside normal clients;
+- at least 10,000 fuzzed requests (bodies, headers, methods, paths): no 5xx;
+- a soak at concurrency 64 for ``--soak-s`` (default 10 minutes), with the gateway's RSS,
+  open file descriptors and event-loop tasks sampled.
+
+Writes a table (scenario, requests, client errors, expected, verdict) to bench/RESULTS.md
+under "Fault suite (issue 9)", replacing an earlier one. Usage::
+
+    .venv/bin/python -m bench.faults                       # everything, 10-minute soak
+    .venv/bin/python -m bench.faults --soak-s 120 --fuzz 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.procs import Child, Supervisor, free_port
+
+MODEL = "qwen3-32b"
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADING = "## Fault suite (issue 9)"
+HEALTHY = {"error_rate": 0, "die_rate": 0, "stall_rate": 0, "hang_rate": 0, "overloaded": False}
+
+
+@dataclass
+class Row:
+    scenario: str
+    requests: int
+    errors: int
+    expected: str
+    verdict: bool
+    note: str = ""
+
+
+@dataclass
+class Tally:
+    """What clients got: counts per status, and streams that ended without ``[DONE]`` and
+    without an error event (silently truncated)."""
+
+    statuses: dict[int, int] = field(default_factory=dict)
+    truncated: int = 0
+    transport: int = 0
+    no_retry_after: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values()) + self.transport
+
+    @property
+    def errors(self) -> int:
+        return self.requests - self.statuses.get(200, 0) + self.truncated
+
+    def count(self, status: int) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+
+class Stack:
+    """Simulators and the gateway as child processes on loopback."""
+
+    def __init__(self, sup: Supervisor, tmp: Path, spec: int = 2, standard: int = 1) -> None:
+        self.sup = sup
+        self.sims: dict[str, tuple[Child, str]] = {}
+        self.down: set[str] = set()  # stopped or killed
+        for i in range(spec + standard):
+            mode = "speculative" if i < spec else "standard"
+            name = f"{mode[:4]}-{i}"
+            port = free_port()
+            argv = [sys.executable, "-m", "gateway", "sim", "--mode", mode, "--port", str(port)]
+            argv += ["--time-scale", "0.01", "--seed", str(i), "--model", MODEL]
+            child = sup.start(name, argv)
+            url = f"http://127.0.0.1:{port}"
+            sup.wait_ready(child, url + "/v1/models")
+            self.sims[name] = (child, url)
+        spec_urls = [u for n, (_, u) in self.sims.items() if n.startswith("spec")]
+        std_urls = [u for n, (_, u) in self.sims.items() if n.startswith("stan")]
+        timeouts = "{connect_s: 1, first_byte_s: 2, idle_s: 2}"
+        policy = tmp / "policy.yaml"
+        policy.write_text(
+            f"""
+version: 1
+pools:
+  spec: {{kind: speculative, model: {MODEL}, num_speculative_tokens: 4,
+          endpoints: {json.dumps(spec_urls)}, timeouts: {timeouts}}}
+  standard: {{kind: standard, model: {MODEL}, endpoints: {json.dumps(std_urls)},
+              timeouts: {timeouts}}}
+ladder: [spec, standard]
+rules: [{{name: default, start: spec}}]
+"""
+        )
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
+        env |= {
+            "SPECLANE_POLICY": str(policy),
+            "SPECLANE_PORT": str(port),
+            "SPECLANE_LOG_LEVEL": "warning",
+            "SPECLANE_HEADER_TIMEOUT_S": "2",
+            "SPECLANE_DRAIN_DELAY_S": "0",
+        }
+        self.gateway = sup.start("gateway", [sys.executable, "-m", "gateway", "serve"], env)
+        sup.wait_ready(self.gateway, self.url + "/healthz")
+
+    async def control(self, faults: dict[str, Any]) -> None:
+        async with httpx.AsyncClient() as c:
+            for name, (_, url) in self.sims.items():
+                if name not in self.down:
+                    await c.post(url + "/sim/control", json={"faults": faults})
+
+    def close(self) -> None:
+        self.sup.stop(self.gateway)
+        for child, _ in self.sims.values():
+            self.sup.stop(child)
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        if sig == signal.SIGCONT:
+            self.down.discard(name)
+        else:
+            self.down.add(name)
+        os.killpg(self.sims[name][0].popen.pid, sig)
+
+
+def _chat(rng: random.Random, stream: bool) -> dict[str, Any]:
+    words = " ".join(rng.choice(["json", "code", "story", "list", "why"]) for _ in range(8))
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": words}],
+        "max_tokens": rng.randint(4, 24),
+        "temperature": rng.choice([0.0, 0.7, 1.0]),
+        "stream": stream,
+    }
+
+
+async def _one(c: httpx.AsyncClient, url: str, body: dict[str, Any], tally: Tally) -> None:
+    try:
+        if not body.get("stream"):
+            r = await c.post(url + "/v1/chat/completions", json=body)
+            tally.count(r.status_code)
+            if r.status_code in (429, 503) and "retry-after" not in r.headers:
+                tally.no_retry_after += 1
+            return
+        async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            data = b"".join([chunk async for chunk in r.aiter_bytes()])
+            tally.count(r.status_code)
+            if r.status_code == 200 and not data.endswith(b"data: [DONE]\n\n"):
+                last = data.rstrip().rsplit(b"\n\n", 1)[-1]
+                if b'"error"' not in last:
+                    tally.truncated += 1
+                else:
+                    tally.count(-1)  # an honest error event: a client error, not silent
+                    tally.statuses[200] -= 1
+    except httpx.HTTPError:
+        tally.transport += 1
+
+
+async def load(
+    url: str, requests: int, concurrency: int, seed: int, tally: Tally | None = None
+) -> Tally:
+    tally = tally or Tally()
+    rng = random.Random(seed)
+    left = iter(range(requests))
+
+    async def worker() -> None:
+        async with httpx.AsyncClient(timeout=30) as c:
+            for i in left:
+                await _one(c, url, _chat(rng, stream=i % 2 == 0), tally)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return tally
+
+
+async def matrix(stack: Stack, n: int) -> list[Row]:
+    rows = []
+
+    async def scenario(
+        name: str, expected: str, judge: Callable[[Tally], bool], setup: Awaitable[None] | None
+    ) -> Tally:
+        if setup is not None:
+            await setup
+        tally = await load(stack.url, n, 16, seed=len(rows))
+        rows.append(Row(name, tally.requests, tally.errors, expected, judge(tally), _note(tally)))
+        await stack.control(HEALTHY)
+        await settle(stack.url)
+        return tally
+
+    await scenario("healthy", "0", lambda t: t.errors == 0, None)
+    await scenario(
+        "30% independent errors on every endpoint",
+        "<= 5%",
+        lambda t: t.errors <= 0.05 * t.requests,
+        stack.control({"error_rate": 0.3}),
+    )
+    await scenario(
+        "20% of answers dropped mid-stream",
+        "non-streaming 0; no silent truncation",
+        lambda t: t.truncated == 0 and t.errors == t.statuses.get(-1, 0),
+        stack.control({"die_rate": 0.2, "die_after_chunks": 2}),
+    )
+    await scenario(
+        "every endpoint overloaded (503)",
+        "all 503 with Retry-After, no 500",
+        lambda t: set(t.statuses) == {503} and t.no_retry_after == 0,
+        stack.control({"overloaded": True}),
+    )
+    stack.signal("spec-0", signal.SIGSTOP)
+    await scenario("one speculative endpoint SIGSTOPped", "0", lambda t: t.errors == 0, None)
+    stack.signal("spec-0", signal.SIGCONT)
+    stack.signal("spec-1", signal.SIGKILL)
+    await asyncio.sleep(0.5)
+    await scenario("one speculative endpoint SIGKILLed", "0", lambda t: t.errors == 0, None)
+    rows += await hostile(stack.url, n)
+    return rows
+
+
+async def settle(url: str, timeout_s: float = 120.0) -> None:
+    """Wait until the gateway has answered 20 requests in a row with 200 (ejected endpoints
+    back), so that one scenario's faults do not count against the next."""
+    deadline = time.monotonic() + timeout_s
+    rng = random.Random(0)
+    async with httpx.AsyncClient(timeout=30) as c:
+        run = 0
+        while run < 20 and time.monotonic() < deadline:
+            r = await c.post(url + "/v1/chat/completions", json=_chat(rng, stream=False))
+            run = run + 1 if r.status_code == 200 else 0
+            if run == 0:
+                await asyncio.sleep(0.5)
+
+
+async def hostile(url: str, n: int) -> list[Row]:
+    """Normal clients beside 300 slowloris connections, then beside a header flood."""
+    host, port = url.removeprefix("http://").split(":")
+    rows = []
+    for name, attack in (("slowloris, 300 connections", _slow), ("header flood", _flood)):
+        stop = asyncio.Event()
+        attackers = [asyncio.create_task(attack(host, int(port), stop)) for _ in range(300)]
+        tally = await load(url, n, 16, seed=7)
+        stop.set()
+        await asyncio.gather(*attackers, return_exceptions=True)
+        ok = tally.errors == 0
+        scenario = f"normal clients during a {name}"
+        rows.append(Row(scenario, tally.requests, tally.errors, "0", ok, _note(tally)))
+    return rows
+
+
+async def _slow(host: str, port: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+            while not stop.is_set() and not reader.at_eof():
+                with contextlib.suppress(OSError):
+                    writer.write(b"x")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reader.read(1024), 1.0)
+            writer.close()
+
+
+async def _flood(host: str, port: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET / HTTP/1.1\r\nx: " + b"a" * (1 << 20))
+            with contextlib.suppress(OSError):
+                await writer.drain()
+                await reader.read()
+            writer.close()
+        await asyncio.sleep(0.05)
+
+
+def _fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]:
+    values: list[Any] = [
+        None, True, -1, 0, 1e308, "x" * rng.randint(0, 5000), [], {}, "\u0000", "\ud7ff",
+        [[[[[]]]]], {"a": {"b": {}}}, 2**70, -0.0, "NaN",
+    ]  # fmt: skip
+    body: dict[str, Any] = _chat(rng, rng.random() < 0.3)
+    for _ in range(rng.randint(1, 4)):
+        key = rng.choice(
+            ["model", "messages", "temperature", "top_p", "max_tokens", "stream", "n", "tools",
+             "response_format", "stream_options", "user", "logprobs", "stop", "seed", "zz"]
+        )  # fmt: skip
+        body[key] = rng.choice(values)
+    if rng.random() < 0.3 and isinstance(body.get("messages"), list):
+        body["messages"] = [
+            {"role": rng.choice(["user", "tool", "x", 3]), "content": rng.choice(values)}
+        ]
+    raw = json.dumps(body).encode()
+    shape = rng.random()
+    if shape < 0.1:
+        raw = raw[: rng.randint(0, len(raw))]
+    elif shape < 0.15:
+        raw = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 200)))
+    elif shape < 0.2:
+        depth = rng.randint(100, 3000)
+        raw = (
+            b'{"model": "%s", "messages": [], "x": ' % MODEL.encode()
+            + b"[" * depth
+            + b"]" * depth
+            + b"}"
+        )
+    headers = {"content-type": rng.choice(["application/json", "text/plain", "x/\u00e9"])}
+    if rng.random() < 0.2:
+        headers["x-request-id"] = rng.choice(["ok-1", "a b", "x" * 500, "\u00ff"])
+    encoded = {k: v.encode() for k, v in headers.items()}  # UTF-8 bytes, not ASCII
+    method = rng.choice(["POST"] * 8 + ["GET", "PUT"])
+    path = rng.choice(
+        ["/v1/chat/completions"] * 6
+        + ["/v1/completions", "/v1/models", "/admin/audit?limit=abc", "/%ff"]
+    )
+    return method, path, encoded, raw
+
+
+async def fuzz(url: str, count: int) -> Row:
+    rng = random.Random(9)
+    requests = [_fuzz_request(rng) for _ in range(count)]
+    tally = Tally()
+    fives: list[str] = []
+    left = iter(requests)
+
+    async def worker() -> None:
+        async with httpx.AsyncClient(timeout=30) as c:
+            for method, path, headers, raw in left:
+                try:
+                    r = await c.request(method, url + path, headers=headers, content=raw)
+                    await r.aread()
+                    tally.count(r.status_code)
+                    if r.status_code >= 500 and len(fives) < 5:
+                        fives.append(f"{r.status_code} {path} {raw[:80]!r}")
+                except httpx.HTTPError:
+                    tally.transport += 1
+
+    await asyncio.gather(*(worker() for _ in range(16)))
+    five = sum(v for k, v in tally.statuses.items() if k >= 500) + tally.transport
+    note = ", ".join(f"{k}: {v}" for k, v in sorted(tally.statuses.items()))
+    if fives:
+        note += "; first 5xx: " + " | ".join(fives)
+    return Row("fuzzed requests (bodies, headers, methods, paths)", tally.requests, five,
+               "0 5xx", five == 0, note)  # fmt: skip
+
+
+def _sample(pid: int, url: str) -> tuple[float, int, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    metrics = httpx.get(url + "/metrics").text
+    tasks = next(
+        float(line.split()[-1]) for line in metrics.splitlines()
+        if line.startswith("speclane_event_loop_tasks ")
+    )  # fmt: skip
+    return rss / 1024, fds, tasks
+
+
+async def soak(stack: Stack, seconds: float, concurrency: int) -> tuple[Row, list[str]]:
+    pid = stack.gateway.popen.pid
+    tally = Tally()
+    samples: list[tuple[float, float, int, float]] = []
+    stop = time.monotonic() + seconds
+    rng = random.Random(3)
+
+    async def worker() -> None:
+        async with httpx.AsyncClient(timeout=30) as c:
+            while time.monotonic() < stop:
+                await _one(c, stack.url, _chat(rng, rng.random() < 0.5), tally)
+
+    async def sampler() -> None:
+        start = time.monotonic()
+        while time.monotonic() < stop:
+            rss, fds, tasks = await asyncio.to_thread(_sample, pid, stack.url)
+            samples.append((time.monotonic() - start, rss, fds, tasks))
+            await asyncio.sleep(max(1.0, seconds / 20))
+
+    await asyncio.gather(sampler(), *(worker() for _ in range(concurrency)))
+    warm = [s for s in samples if s[0] >= seconds / 5] or samples
+    grown = warm[-1][1] - warm[0][1]
+    lines = [f"| {t:.0f} | {rss:.1f} | {fds} | {tasks:.0f} |" for t, rss, fds, tasks in samples]
+    ok = tally.errors == 0 and grown < 20
+    note = (
+        f"{tally.requests / seconds:.0f} req/s; RSS {warm[0][1]:.1f} -> {warm[-1][1]:.1f} MiB "
+        f"after warm-up (+{grown:.1f}); fds {min(s[2] for s in warm)}-{max(s[2] for s in warm)}; "
+        f"tasks {min(s[3] for s in warm):.0f}-{max(s[3] for s in warm):.0f}"
+    )
+    row = Row(f"soak, concurrency {concurrency}, {seconds:.0f} s", tally.requests, tally.errors,
+              "0; RSS +<20 MiB after warm-up; fds, tasks flat", ok, note)  # fmt: skip
+    return row, lines
+
+
+def _note(tally: Tally) -> str:
+    parts = [
+        f"{k if k != -1 else 'SSE error event'}: {v}" for k, v in sorted(tally.statuses.items())
+    ]
+    if tally.truncated:
+        parts.append(f"silently truncated: {tally.truncated}")
+    if tally.transport:
+        parts.append(f"transport errors: {tally.transport}")
+    return ", ".join(parts)
+
+
+def write(rows: list[Row], soak_lines: list[str], command: str) -> None:
+    table = [
+        HEADING,
+        "",
+        f"`{command}` (2 shared cores; simulators at `--time-scale 0.01`, ~half streaming).",
+        "Client errors: any answer but 200, streams ending in an SSE error event, silently",
+        "truncated streams and transport errors (for the fuzz row: 5xx and transport errors).",
+        "",
+        "| scenario | requests | client errors | expected | verdict | detail |",
+        "| --- | ---: | ---: | --- | --- | --- |",
+        *(
+            f"| {r.scenario} | {r.requests} | {r.errors} | {r.expected} | "
+            f"{'pass' if r.verdict else 'FAIL'} | {r.note} |"
+            for r in rows
+        ),
+    ]
+    if soak_lines:
+        table += ["", "Soak samples of the gateway process:", "",
+                  "| s | RSS MiB | fds | event-loop tasks |", "| ---: | ---: | ---: | ---: |",
+                  *soak_lines]  # fmt: skip
+    text = RESULTS.read_text()
+    start = text.find(HEADING)
+    if start >= 0:
+        end = text.find("\n## ", start + len(HEADING))
+        text = text[:start] + text[end + 1 :] if end >= 0 else text[:start]
+    RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(table) + "\n")
+
+
+async def main_async(args: argparse.Namespace) -> list[Row]:
+    rows: list[Row] = []
+    soak_lines: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp, Supervisor(Path(tmp)) as sup:
+        for phase in args.only:
+            stack = Stack(sup, Path(tmp))
+            if phase == "fuzz":
+                rows.append(await fuzz(stack.url, args.fuzz))
+            elif phase == "soak":
+                row, soak_lines = await soak(stack, args.soak_s, args.concurrency)
+                rows.append(row)
+            else:
+                rows += await matrix(stack, args.requests)
+            stack.close()
+    command = "python -m bench.faults " + " ".join(sys.argv[1:])
+    write(rows, soak_lines, command.strip())
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--soak-s", type=float, default=600.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--fuzz", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=400, help="per matrix scenario")
+    phases = ["matrix", "fuzz", "soak"]
+    parser.add_argument("--only", nargs="+", choices=phases, default=phases)
+    rows = asyncio.run(main_async(parser.parse_args()))
+    for r in rows:
+        print(f"{'pass' if r.verdict else 'FAIL'}  {r.scenario}: {r.errors}/{r.requests}  {r.note}")
+    sys.exit(0 if all(r.verdict for r in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
