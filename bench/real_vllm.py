@@ -10,9 +10,11 @@ streamed with usage, one at a time, while nothing else talks to the server. vLLM
 ``vllm:spec_decode_*`` counters are read before and after. The table shows the draft
 acceptance rate those counters imply, what speclane's live stats recorded (the
 ``per_request`` signal), and what counting chunks as acceptance reads from the same streams
-((T - C) accepted of k (C - 1) drafted, T tokens in C content chunks), with tokens per
-engine step from the chunks. Then each prompt is asked of all three servers directly at
-temperature 0 and the answers are compared.
+((T - C) accepted of k (C - 1) drafted, T tokens in C content chunks). Tokens per decode
+step are shown three ways: what the engine's own step count implies (generated tokens less
+each request's prefill token, over ``vllm:iteration_tokens_total``'s count less one prefill
+step per request), what speclane recorded, and what the chunks imply. Then each prompt is
+asked of all three servers directly at temperature 0 and the answers are compared.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ PROMPTS = [
     "SELECT name, age FROM users WHERE",
 ]
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+ENGINE = {  # engine steps (prefill's included), tokens generated, requests finished
+    "steps": "vllm:iteration_tokens_total_count",
+    "generated": "vllm:generation_tokens_total",
+    "requests": "vllm:request_success_total",
+}
+# the endpoint header pins each request to its server: the guardrail must not move it
+PINNED = "guardrail: {mode: threshold, min_acceptance: 0, recover_above: 0}\n"
 
 
 def counters(url: str) -> dict[str, float]:
@@ -51,6 +60,9 @@ def counters(url: str) -> dict[str, float]:
     for name in COUNTERS:
         match = re.search(rf"^vllm:spec_decode_num_{name}_total\{{[^}}]*\}} (\S+)$", text, re.M)
         out[name] = float(match.group(1)) if match else 0.0
+    for key, name in ENGINE.items():
+        found = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
+        out[key] = sum(float(v) for v in found)
     return out
 
 
@@ -87,7 +99,7 @@ def measure(gateway: str, server_url: str, pool: str, model: str, n: int) -> dic
             }
             answers.append(stream(client, gateway, body, pool))
     after = counters(server_url)
-    delta = {k: after[k] - before[k] for k in COUNTERS}
+    delta = {k: after[k] - before[k] for k in (*COUNTERS, *ENGINE)}
     steps = sum(a["chunks"] - 1 for a in answers)
     return {
         "counters": delta["accepted_tokens"] / delta["draft_tokens"],
@@ -96,17 +108,20 @@ def measure(gateway: str, server_url: str, pool: str, model: str, n: int) -> dic
         / sum(a["spec"].get("num_draft_tokens", 0) for a in answers),
         "chunks": sum(a["tokens"] - a["chunks"] for a in answers) / (K * steps),
         "tokens_per_step": sum(a["tokens"] - 1 for a in answers) / steps,
+        "engine_per_step": (delta["generated"] - delta["requests"])
+        / (delta["steps"] - delta["requests"]),
         "drafted": delta["draft_tokens"],
         "tokens": sum(a["tokens"] for a in answers),
     }
 
 
-def window(gateway: str, token: str, rule: str, pool: str) -> float:
+def window(gateway: str, token: str, rule: str, pool: str) -> tuple[float, float]:
+    """(draft acceptance, tokens per decode step) of ``rule``'s slice on ``pool``."""
     stats = httpx.get(
         gateway + "/admin/stats", headers={"authorization": f"Bearer {token}"}, timeout=10
     ).json()["slices"]
-    (found,) = [s["pools"][pool]["acceptance"] for s in stats.values() if s["rule"] == rule]
-    return float(found)
+    (found,) = [s["pools"][pool] for s in stats.values() if s["rule"] == rule]
+    return float(found["acceptance"]), float(found["tokens_per_step"])
 
 
 def greedy_agreement(stack: StackState) -> tuple[int, int]:
@@ -139,7 +154,7 @@ def main() -> int:
     token, port = secrets.token_urlsafe(12), free_port()
     with tempfile.TemporaryDirectory() as tmp, Supervisor(Path(tmp)) as procs:
         policy = Path(tmp) / "policy.yaml"
-        policy.write_text(policy_text(stack))
+        policy.write_text(policy_text(stack) + PINNED)
         env = {**os.environ, "SPECLANE_ADMIN_TOKEN": token}
         argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy)]
         gateway = procs.start("gateway", [*argv, "--port", str(port)], env)
@@ -147,18 +162,19 @@ def main() -> int:
         procs.wait_ready(gateway, url + "/readyz")
         print(
             "| server | requests | tokens | drafted | counters | speclane (per_request) "
-            "| sum of per-request figures | chunk estimate | tokens per step (chunks) "
-            "| mean acceptance length (counters) |"
+            "| sum of per-request figures | chunk estimate | mean acceptance length (counters) "
+            "| tokens per decode step: engine steps | speclane (per_request) | chunks |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for server in (s for s in stack.servers if s.k):
             got = measure(url, server.url, server.name, stack.model, args.requests)
-            seen = window(url, token, server.name, server.name)
+            seen, per_step = window(url, token, server.name, server.name)
             print(
                 f"| {server.name} | {args.requests} | {got['tokens']} | {got['drafted']:.0f} "
                 f"| {got['counters']:.4f} | {seen:.4f} | {got['per_request']:.4f} "
-                f"| {got['chunks']:.4f} | {got['tokens_per_step']:.2f} "
-                f"| {got['mean_length']:.2f} |"
+                f"| {got['chunks']:.4f} | {got['mean_length']:.2f} "
+                f"| {got['engine_per_step']:.2f} | {per_step:.2f} "
+                f"| {got['tokens_per_step']:.2f} |"
             )
     equal, total = greedy_agreement(stack)
     print(f"\ngreedy answers equal on all of {[s.name for s in stack.servers]}: {equal}/{total}")

@@ -6,10 +6,14 @@ the speed, is comparable across k and is visible to every signal; the draft acce
 is reported only where drafts are visible.
 
 1. ``per_request``: vLLM >= 0.29's ``metrics.speculative_decoding`` on the final usage
-   chunk: drafted and accepted draft tokens, and decode steps = T - 1 - accepted (vLLM's
-   ``num_spec_steps`` counts only steps that drafted; ngram and suffix proposers draft
-   nothing in steps without a match, and such a step emits one token). ``num_draft_tokens:
-   0`` means "no drafts": every step emitted one token. SGLang (0.5.23 read here) streams
+   chunk: drafted and accepted draft tokens, and decode steps = T - 1 - accepted (each
+   step emits its accepted drafts and one token of its own; ngram and suffix proposers
+   draft nothing in steps without a match, and such a step emits one token), but at least
+   ``num_spec_steps``, the steps that drafted: vLLM counts the drafts a step accepted
+   beyond ``max_tokens`` or a stop, which the answer then cuts off, so T - 1 - accepted is
+   a lower bound on the steps. So is the stream's chunk count (below), and the larger of
+   the two is taken. ``num_draft_tokens: 0`` means "no drafts": every step emitted one
+   token. SGLang (0.5.23 read here) streams
    ``sglext.spec_tokens_details`` when a request asks with ``return_spec_tokens_details``
    (speclane asks on its own account and drops the chunk again): ``spec_verify_ct`` verify
    steps, ``spec_num_proposed_drafts`` and ``spec_num_correct_drafts``. TensorRT-LLM's
@@ -248,8 +252,9 @@ class Fold:
         if "num_draft_tokens" in self._metrics:
             drafted = int(self._metrics.get("num_draft_tokens") or 0)
             accepted = int(self._metrics.get("num_accepted_draft_tokens") or 0) if drafted else 0
-            steps = decoded - accepted
-            return Signal.PER_REQUEST, drafted, accepted, steps if steps > 0 else None
+            drafting = _count(self._metrics.get("num_spec_steps")) if drafted else 0
+            steps = max(decoded - accepted, drafting, self._stepped_chunks())
+            return Signal.PER_REQUEST, drafted, accepted, min(steps, decoded) or None
         if self._sglang is not None and decoded > 0:
             steps, drafted, accepted = self._sglang
             return Signal.PER_REQUEST, drafted, min(accepted, drafted), min(steps, decoded)
@@ -260,6 +265,12 @@ class Fold:
             # a step emits at most k + 1 tokens: fewer chunks than that means merged steps
             return Signal.CHUNKS, 0, 0, max(self._chunks - 1, -(-decoded // (k + 1)))
         return Signal.SPEED, 0, 0, None
+
+
+    def _stepped_chunks(self) -> int:
+        """Decode steps as a stream of one chunk per step shows them: a lower bound (a
+        server or a lagging reader may merge steps), 0 where chunks do not show steps."""
+        return self._chunks - 1 if self._labels.chunk_signal and self._chunks >= 2 else 0
 
 
 def _count(value: object) -> int:

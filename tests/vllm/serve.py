@@ -47,6 +47,11 @@ class Gateway:
         return httpx.get(self.url + "/metrics", timeout=10).text
 
 
+# Answers and signals are compared on the pool the endpoint header names, so the guardrail must
+# not move a slice off it (the tiny draft model's acceptance is low enough that it would).
+PINNED = "guardrail: {mode: threshold, min_acceptance: 0, recover_above: 0}\n"
+
+
 @contextmanager
 def speclane_serve(tmp: Path, policy: str, **settings: str) -> Iterator[Gateway]:
     """``speclane serve`` with ``policy`` on a free port until the block ends;
@@ -95,13 +100,24 @@ class Counters:
     drafts: float
     draft_tokens: float
     accepted: float
+    steps: float = 0.0  # engine steps (iterations), prefill's included
+    generated: float = 0.0
+    requests: float = 0.0
 
     def __sub__(self, earlier: Counters) -> Counters:
         return Counters(
             self.drafts - earlier.drafts,
             self.draft_tokens - earlier.draft_tokens,
             self.accepted - earlier.accepted,
+            self.steps - earlier.steps,
+            self.generated - earlier.generated,
+            self.requests - earlier.requests,
         )
+
+    def decode_tokens_per_step(self) -> float:
+        """Tokens per decode step over requests served one at a time with short prompts:
+        each request's first token comes from its one prefill step."""
+        return (self.generated - self.requests) / (self.steps - self.requests)
 
 
 def counters(server_url: str) -> Counters:
@@ -111,6 +127,9 @@ def counters(server_url: str) -> Counters:
         sample(text, "vllm:spec_decode_num_drafts_total"),
         sample(text, "vllm:spec_decode_num_draft_tokens_total"),
         sample(text, "vllm:spec_decode_num_accepted_tokens_total"),
+        sample(text, "vllm:iteration_tokens_total_count"),
+        sample(text, "vllm:generation_tokens_total"),
+        sample(text, "vllm:request_success_total"),
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from gateway.cli.localvllm.record import TOOL
 from gateway.cli.localvllm.stackfile import StackState, policy_text
-from tests.vllm.serve import Gateway, speclane_serve
+from tests.vllm.serve import PINNED, Gateway, speclane_serve
 
 pytestmark = pytest.mark.vllm
 
@@ -33,10 +33,6 @@ SPEC_FIELDS = (
     "num_draft_tokens",
     "num_spec_tokens",
 )
-
-# Answers are compared with the pool the endpoint header names, so the guardrail must not move
-# a slice off it (the tiny draft model's acceptance is low enough that it would, rightly).
-PINNED = "guardrail: {mode: threshold, min_acceptance: 0, recover_above: 0}\n"
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,28 @@ def test_zero_draft_tokens_means_no_drafts_not_a_fall_back_to_chunks():
     assert outcome.acceptance_rate is None and outcome.tokens_per_step == 1.0
 
 
+def test_drafts_accepted_past_max_tokens_do_not_make_steps_vanish():
+    # real vLLM (draft model, k=4, max_tokens 48): 10 steps each accepted 4 drafts, the last
+    # cut to 2 of its 5 tokens; vLLM's count keeps all 40 accepted drafts
+    fold = Fold(SPEC, 0.0)
+    spec = {"num_draft_tokens": 40, "num_accepted_draft_tokens": 40, "num_spec_steps": 10}
+    fold.usage({"completion_tokens": 48}, {"speculative_decoding": spec})
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.steps == 10 and outcome.acceptance_rate == 1.0
+
+
+def test_a_stream_shows_the_steps_the_per_request_figures_cannot():
+    # ngram, k=4, max_tokens 16: prefill, 4 steps without a match, 3 steps that drafted and
+    # accepted 10 drafts; the last one was cut by 2 tokens, so T - 1 - accepted says 5 steps
+    fold = Fold(SPEC, 0.0)
+    for i in range(8):  # prefill's chunk and one chunk per step
+        fold.content(i * 0.01)
+    spec = {"num_draft_tokens": 12, "num_accepted_draft_tokens": 10, "num_spec_steps": 3}
+    fold.usage({"completion_tokens": 16}, {"speculative_decoding": spec})
+    outcome = fold.finish(Status.OK, 1.0)
+    assert outcome.signal is Signal.PER_REQUEST and outcome.steps == 7
+
+
 def test_merged_deltas_bias_the_chunk_signal_upward():
     one_per_step = Fold(SPEC, 0.0)
     merged = Fold(SPEC, 0.0)
