@@ -266,7 +266,6 @@ class Fold:
             return Signal.CHUNKS, 0, 0, max(self._chunks - 1, -(-decoded // (k + 1)))
         return Signal.SPEED, 0, 0, None
 
-
     def _stepped_chunks(self) -> int:
         """Decode steps as a stream of one chunk per step shows them: a lower bound (a
         server or a lagging reader may merge steps), 0 where chunks do not show steps."""
