@@ -85,8 +85,9 @@ class Rung:
 @dataclass(frozen=True, slots=True)
 class Judgement:
     """``verdict`` +1: the upper rung is cheaper with confidence; -1: the lower one is; 0:
-    not sure. ``ratio`` is cost(upper) / cost(lower) on the deciding span, ``z`` how many
-    standard deviations its log lies from 0 (positive: upper dearer)."""
+    not sure. ``ratio`` is cost(upper) / cost(lower) on the deciding span (the longest when
+    none decides), ``z`` how many standard deviations its log lies from 0 (positive: upper
+    dearer); ``newest_ratio`` is the ratio on the newest span judged, the last known one."""
 
     verdict: int
     ratio: float
@@ -95,6 +96,7 @@ class Judgement:
     reason: str
     numbers: dict[str, float] = field(default_factory=dict)
     log_var: float = 0.0
+    newest_ratio: float | None = None
 
 
 def transfer(tally: Tally, k_from: int, k_to: int) -> Tally:
@@ -180,6 +182,7 @@ def judge(
     base = math.log(subject.step.seconds * subject.price)
     sign = 1.0 if subject is upper else -1.0
     last: Judgement | None = None
+    newest: float | None = None
     for tally in subject.spans:
         per_step = tally.per_step
         if per_step is None or tally.n < min_samples or (max_n is not None and tally.n > max_n):
@@ -195,7 +198,9 @@ def judge(
         verdict = -1 if z > z_needed else 1 if z < -z_needed else 0
         up_steps = per_step if subject is upper else fixed.per_step
         down_steps = fixed.per_step if subject is upper else per_step
+        newest = math.exp(diff) if newest is None else newest
         last = _judgement(verdict, diff, z, tally.n, upper, lower, up_steps, down_steps, var)
+        last = replace(last, newest_ratio=newest)
         if verdict:
             return last
     return last

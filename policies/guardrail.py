@@ -256,9 +256,14 @@ def probe_share(seen: Economics, config: Guardrail) -> float:
     ``probe_budget`` buys at the rung's last known cost ratio r (a live probe loses r - 1 of
     a request, a mirrored one r), but at least one probe every ``max_cooldown_s`` so that
     a quiet slice recovers in bounded time, and at most ``MAX_PROBE_SHARE``. Rounded to two
-    significant digits, so that it does not change with every request."""
+    significant digits, so that it does not change with every request. The last known
+    ratio is the one on the newest requests: a window that mixes healthy requests from
+    before a collapse with the collapsed ones would say ~1 and probe a collapsed rung at
+    the largest share."""
     judged = seen.probes if seen.probes is not None else seen.above
-    ratio = judged.ratio if judged is not None else 2.0
+    ratio = 2.0
+    if judged is not None:
+        ratio = judged.newest_ratio if judged.newest_ratio is not None else judged.ratio
     loss = ratio if config.probe is ProbeMode.SHADOW else ratio - 1.0
     share = config.probe_budget / max(loss, config.probe_budget / MAX_PROBE_SHARE)
     if config.max_cooldown_s > 0:

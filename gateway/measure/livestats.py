@@ -1,11 +1,15 @@
 """Step 7 of a request: feedback. Outcomes -> per-slice windows -> guardrail transitions.
 
 ``record`` is O(1) and never awaits: it adds the outcome to its slice's window for the pool
-that served it and steps that slice's guardrail. ``tick`` (about once a second, from the
-lifespan) steps slices waiting out a cooldown. ``guards`` is an immutable snapshot of every
-slice not in its initial state, replaced (never mutated) on each transition, so a decision
-reads it without locks or awaits. Times are wall-clock seconds, so that replicas sharing a
-store agree on window buckets and cooldowns.
+that served it and steps that slice's guardrail; in economic mode at most every
+``JUDGE_EVERY_S`` per slice (judging costs far more than recording: a slice at 50 requests
+a second was judged 50 times a second, for a verdict that needs ``min_samples`` new
+requests to change), and an outcome inside that interval is judged with the next one after
+it or on the next tick. ``tick`` (about once a second, from the lifespan) steps slices
+waiting out a cooldown and slices with outcomes not yet judged. ``guards`` is an
+immutable snapshot of every slice not in its initial state, replaced (never mutated) on
+each transition, so a decision reads it without locks or awaits. Times are wall-clock
+seconds, so that replicas sharing a store agree on window buckets and cooldowns.
 
 Windows are kept per slice and pool. In threshold mode a transition starts a new epoch and
 clears them, so only evidence gathered since the slice entered its phase is judged; outcomes
@@ -71,6 +75,7 @@ Load = Callable[[str, float], "float | None"]
 
 log = logging.getLogger(__name__)
 RECENT = 16  # per slice and pool, the newest requests kept one by one for the short spans
+JUDGE_EVERY_S = 0.25  # economic mode: a slice is judged at most this often on its outcomes
 
 
 @dataclass(slots=True)
@@ -86,6 +91,7 @@ class _Slice:
     economic: bool = False
     probes: int = 0
     recent: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
+    judged: float = float("-inf")
     fresh: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -206,6 +212,7 @@ class LiveStats:
         self.shared = False
         self.proposals: dict[str, Transition] = {}
         self._unmeasured: dict[str, dict[str, int]] = {}
+        self._due: set[str] = set()
 
     @property
     def step_fits(self) -> dict[str, StepFit]:
@@ -242,6 +249,9 @@ class LiveStats:
         if outcome.signal is Signal.SPEED and outcome.status is Status.OK:
             per_slice = self._unmeasured.setdefault(labels.pool, {})
             per_slice[labels.slice] = per_slice.get(labels.slice, 0) + 1
+        if entry.economic and now - entry.judged < JUDGE_EVERY_S:
+            self._due.add(labels.slice)  # judged by the next outcome after that, or tick
+            return
         self._step(labels.slice, entry, found, now)
 
     def pool_counters(self, pool: str, drafted: int, accepted: int, now: float) -> None:
@@ -275,9 +285,11 @@ class LiveStats:
             self._step(key, entry, found, now)
 
     def tick(self, now: float) -> None:
-        """Step every slice that is not on its start rung (cooldowns end with time alone)."""
+        """Step every slice that is not on its start rung (cooldowns end with time alone),
+        and every slice with outcomes not judged yet."""
         policy = self._policy()
-        for key in list(self.guards):
+        due, self._due = self._due, set()
+        for key in [*self.guards, *(k for k in due if k not in self.guards)]:
             entry = self._slices.get(key)
             found = entry and _rule_and_ladder(policy, entry.rule, entry.model)
             if entry is not None and found:
@@ -329,6 +341,8 @@ class LiveStats:
         self, key: str, entry: _Slice, rule: CompiledRule, ladder: Ladder, now: float
     ) -> None:
         config = rule.guardrail
+        entry.judged = now
+        self._due.discard(key)
         start = ladder.index(rule.rule.start)
         serving = min(start + entry.state.offset, len(ladder.pools) - 1)
         seen = self.judgements(entry, ladder, serving, start, config, now)
