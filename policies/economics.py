@@ -199,8 +199,9 @@ def judge(
         up_steps = per_step if subject is upper else fixed.per_step
         down_steps = fixed.per_step if subject is upper else per_step
         newest = math.exp(diff) if newest is None else newest
-        last = _judgement(verdict, diff, z, tally.n, upper, lower, up_steps, down_steps, var)
-        last = replace(last, newest_ratio=newest)
+        last = _judgement(
+            verdict, diff, z, tally.n, upper, lower, up_steps, down_steps, var, newest
+        )
         if verdict:
             return last
     return last
@@ -216,6 +217,7 @@ def _judgement(
     up_steps: float,
     down_steps: float,
     var: float,
+    newest: float | None = None,
 ) -> Judgement:
     ratio = math.exp(diff)
     assert upper.step is not None and lower.step is not None
@@ -237,7 +239,7 @@ def _judgement(
         f"step {upper.step.seconds * 1000:.1f} vs {lower.step.seconds * 1000:.1f} ms "
         f"[{below_step}])"
     )
-    return Judgement(verdict, ratio, z, n, reason, numbers, var)
+    return Judgement(verdict, ratio, z, n, reason, numbers, var, newest)
 
 
 def span_targets(min_samples: int) -> tuple[int, ...]:

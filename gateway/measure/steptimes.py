@@ -4,7 +4,10 @@ exploration that keeps a pool's line fed while some slice's judgement hinges on 
 Every outcome teaches the line of the pool that served it (``policies/steptime.py``),
 whichever slice sent it: decode seconds over decode steps, at the outcome's mean load on its
 endpoint. A pool's line is asked for under a prior carried over from the other pools of its
-ladder. O(1) per outcome; never awaits.
+ladder. O(1) per outcome; never awaits. A ladder's lines are the same for every slice that
+asks at about the same time, so each is computed at most every ``LINE_FRESH_S`` (and again
+as soon as a pool is seen for the first time): a line moves by a fraction of its own doubt
+in that time.
 
 Exploration: a pool that serves no slice is not observed, and its line goes stale. While
 some slice's judgement hinges on it (``policies/economics.py: hinges``), a share of the
@@ -26,6 +29,7 @@ from policies.steptime import MIN_OBSERVATIONS, Line, StepFit, StepTime, combine
 
 EXPLORE_PER_MINUTE = 4.0
 NEED_FRESH_S = 60.0  # a slice that said it needs a pool this long ago no longer counts
+LINE_FRESH_S = 0.25
 
 
 @dataclass(slots=True)
@@ -43,6 +47,7 @@ class StepTimes:
         self.fits: dict[str, StepFit] = {}
         self._needed: dict[str, float] = {}
         self._givers: dict[str, dict[str, _Giver]] = {}
+        self._lines: dict[tuple[tuple[str, ...], int, float], tuple[float, Line | None]] = {}
 
     def learn(self, outcome: Outcome, now: float) -> None:
         steps, load = outcome.steps, outcome.load
@@ -58,10 +63,20 @@ class StepTimes:
         if fit is None:
             per_seq = (outcome.labels.k or 0) + 1
             fit = self.fits[outcome.labels.pool] = StepFit(tokens_per_seq=per_seq)
+            self._lines.clear()
         fit.add(now, load, per_step)
 
     def line(self, ladder: Ladder, i: int, draft_cost: float, now: float) -> Line | None:
         """Pool ``i``'s line: its own observations under the prior the others give."""
+        key = (ladder.pools, i, draft_cost)
+        kept = self._lines.get(key)
+        if kept is not None and 0.0 <= now - kept[0] < LINE_FRESH_S:
+            return kept[1]
+        line = self._line(ladder, i, draft_cost, now)
+        self._lines[key] = (now, line)
+        return line
+
+    def _line(self, ladder: Ladder, i: int, draft_cost: float, now: float) -> Line | None:
         own: dict[int, Line] = {}
         for j, pool in enumerate(ladder.pools):
             fit = self.fits.get(pool)
