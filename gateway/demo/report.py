@@ -42,7 +42,7 @@ def show(console: Console, summary: Summary) -> None:
     console.print(_events(summary))
     console.print(_replay(summary.replay))
     console.print(_PREFILL_NOTE, style="dim")
-    console.print(_shadow(summary.shadow, float(summary.options["guardrail"]["min_acceptance"])))
+    console.print(_shadow(summary.shadow))
 
 
 def _drift_line(drift: dict[str, float]) -> Text:
@@ -102,17 +102,16 @@ def _versus(cost: dict[str, float | None]) -> str:
     return f"{routed / oracle:.2f}x"
 
 
-def _shadow(shadow: ShadowLine, floor: float) -> Text:
+def _shadow(shadow: ShadowLine) -> Text:
     mirrors = shadow.mirrors
     started = mirrors.get("started", 0)
     dropped = sum(n for result, n in mirrors.items() if result.startswith("dropped"))
     rate = shadow.window_acceptance
     measured = "no mirror measured in the last window"
     if rate is not None:
-        verdict = "below" if rate < floor else "above"
         measured = (
             f"{shadow.measured_in_window} mirrors measured in the last {shadow.window_s:g} s, "
-            f"draft acceptance {rate:.2f} ({verdict} the {floor:g} floor)"
+            f"draft acceptance {rate:.2f}"
         )
     return Text(
         f"(d) shadow: {shadow.creative_requests} creative requests answered by {STANDARD_POOL}; "
