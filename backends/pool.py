@@ -3,10 +3,11 @@
 ``Pools.open`` walks the rungs a decision gives (pool names, best first) and returns the
 first stream that produced an event. Before that first event any failure moves on: to the
 next endpoint of the pool, then to the next pool, then to ejected endpoints as a last
-resort (``_plan``). A 4xx answer is the request's own fault and is raised at once. Every
-outcome feeds the endpoint's outlier record (``backends/outlier.py``): failures before the
-first event at once, a stream's when it is closed. Knows nothing of policies or the
-gateway: pools are names here.
+resort (``_plan``). A whole answer that broke part way may start a fresh plan, within a
+budget (``backends/retries.py``): nothing of it reached the client. A 4xx answer is the
+request's own fault and is raised at once. Every outcome feeds the endpoint's outlier
+record (``backends/outlier.py``): failures before the first event at once, a stream's when
+it is closed. Knows nothing of policies or the gateway: pools are names here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from backends.errors import BackendError, Unavailable, UpstreamRejected, UpstreamTimeout
+from backends.errors import (
+    BackendError,
+    StreamBroken,
+    Unavailable,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
 from backends.outlier import Detector, Health, HealthState, OutlierRules
+from backends.retries import BreakBudget
 from backends.upstream import Timeouts, Upstream, UpstreamStream
 
 T = TypeVar("T")
@@ -170,6 +178,10 @@ class Pools:
         self._sweep(pool, now)
         return any(not e.health.ejected(now) for e in self.endpoints.get(pool, ()))
 
+    def urls(self, rungs: Sequence[str]) -> list[str]:
+        """Every endpoint of the ladder, in service or not."""
+        return [e.url for name in dict.fromkeys(rungs) for e in self.endpoints.get(name, ())]
+
     def state(self, endpoint: Endpoint) -> HealthState:
         return endpoint.health.state(self._clock(), self._detector.rules)
 
@@ -222,14 +234,16 @@ class Pools:
         body: bytes | Callable[[PoolSpec], bytes],
         headers: Mapping[str, str],
         avoid: Collection[str] = (),
+        budget: BreakBudget | None = None,
     ) -> Completed:
-        """The first whole non-streamed answer, down ``rungs``."""
+        """The first whole non-streamed answer, down ``rungs``; an answer that broke part
+        way is tried again on a fresh plan while ``budget`` allows."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
             sent = body(spec) if callable(body) else body
             return await self._upstream.complete(endpoint.url + path, sent, headers, spec.timeouts)
 
-        spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid)
+        spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid, budget)
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
         return Completed(spec, endpoint, answer, attempts)
@@ -261,11 +275,16 @@ class Pools:
         rungs: Sequence[str],
         attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
         avoid: Collection[str],
+        budget: BreakBudget | None = None,
     ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
-        """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised."""
+        """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised.
+        With a ``budget``, an answer that broke part way starts a fresh plan (the endpoints
+        whose answers broke last) while the budget allows, and ends the tries when not."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
-        for spec, endpoint in self._plan(rungs, avoid):
+        plan = self._plan(rungs, avoid)
+        while plan:
+            spec, endpoint = plan.pop(0)
             try:
                 result = await self._try(endpoint, spec, attempt)
             except UpstreamRejected as exc:
@@ -274,6 +293,9 @@ class Pools:
             except BackendError as exc:
                 attempts.append(Attempt(spec.name, endpoint.url, str(exc)))
                 errors.append(exc)
+                if isinstance(exc, StreamBroken) and budget is not None:
+                    again = budget.spend(endpoint.url, self._clock())
+                    plan = self._plan(rungs, budget.avoid(self.urls(rungs))) if again else []
                 continue
             return spec, endpoint, result, tuple(attempts)
         error = _summary(errors, attempts)

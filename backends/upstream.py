@@ -171,11 +171,19 @@ class Upstream:
     async def complete(
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
     ) -> bytes:
-        """POST a non-streaming request and read the whole answer."""
-        with _mapped(started=False):
+        """POST a non-streaming request and read the whole answer. A body that fails after a
+        successful head is ``StreamBroken``: the answer had started."""
+        response: Response | None = None
+        try:
             async with asyncio.timeout(timeouts.total_s):
-                response = await self._post(url, body, headers, timeouts)
-                return await _read_whole(response)
+                with _mapped(started=False):
+                    response = await self._post(url, body, headers, timeouts)
+                with _mapped(started=response.status < 400):
+                    return await _read_whole(response)
+        except TimeoutError as exc:
+            if response is not None and response.status < 400:
+                raise StreamBroken("the answer did not end within the total timeout") from exc
+            raise UpstreamTimeout("no answer from upstream in time") from exc
 
     async def open(
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts

@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from backends.errors import BackendError, UpstreamRejected
 from backends.pool import Attempt, Completed, Opened, PoolSpec
+from backends.retries import BreakBudget
 from gateway import schema
 from gateway.classify import classify
 from gateway.errors import JSON, ApiError, from_backend, rejected
@@ -191,23 +192,55 @@ async def _collected(
     services: Services, ask: Ask, opened: Opened, streamed: dict[str, Any]
 ) -> tuple[dict[str, Any], Opened]:
     """One JSON body from the stream. Nothing has reached the client yet, so a stream that
-    breaks is tried once more, on another endpoint or rung when there is one."""
-    chat = ask.kind == "chat"
+    breaks is tried again, on endpoints and rungs whose answers have not broken first,
+    while the request's break budget allows."""
+    budget = _break_budget(services, ask)
     try:
-        return await _relay(services, ask, opened).collect(chat=chat), opened
-    except ApiError as exc:
-        if exc.code != _BROKEN:
-            raise
-    services.telemetry.failover(ask.decision.pool, "retried_after_break")
-    again = functools.partial(services.pools.open, avoid=(opened.endpoint.url,))
-    retried = await _forward(services, ask, again, streamed, _SSE)
-    if isinstance(retried, Response):
-        raise _broken_twice()
-    return await _relay(services, ask, retried, retry=True).collect(chat=chat), retried
+        return await _collected_within(services, ask, opened, streamed, budget)
+    finally:
+        _count_breaks(services, ask, budget)
 
 
-def _broken_twice() -> ApiError:
-    message = "the upstream stream broke, and so did the retry's"
+async def _collected_within(
+    services: Services, ask: Ask, opened: Opened, streamed: dict[str, Any], budget: BreakBudget
+) -> tuple[dict[str, Any], Opened]:
+    chat = ask.kind == "chat"
+    broken: list[Attempt] = []
+    retry = False
+    while True:
+        try:
+            answer = await _relay(services, ask, opened, retry=retry).collect(chat=chat)
+        except ApiError as exc:
+            if exc.code != _BROKEN:
+                raise
+            broken.append(Attempt(opened.spec.name, opened.endpoint.url, exc.message))
+            if not budget.spend(opened.endpoint.url, services.clock()):
+                raise _broken_again(len(broken)) from None
+        else:
+            opened.attempts = (*broken, *opened.attempts)
+            return answer, opened
+        avoid = budget.avoid(services.pools.urls(ask.decision.rungs))
+        again = functools.partial(services.pools.open, avoid=avoid)
+        retried = await _forward(services, ask, again, streamed, _SSE)
+        if isinstance(retried, Response):
+            raise _broken_again(len(broken))
+        opened, retry = retried, True
+
+
+def _break_budget(services: Services, ask: Ask) -> BreakBudget:
+    settings = services.settings
+    return BreakBudget(settings.break_retries, ask.started + settings.break_retry_window_s)
+
+
+def _count_breaks(services: Services, ask: Ask, budget: BreakBudget) -> None:
+    for _ in range(budget.spent):
+        services.telemetry.failover(ask.decision.pool, "retried_after_break")
+    if len(budget.broke) > budget.spent:
+        services.telemetry.failover(ask.decision.pool, "exhausted_after_break")
+
+
+def _broken_again(times: int) -> ApiError:
+    message = f"the upstream answer broke before it was whole, {times} times"
     return ApiError(502, message, "server_error", None, _BROKEN)
 
 
@@ -216,7 +249,12 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     passes through untouched; its usage and vLLM metrics are the measurement."""
     done: Completed | Response | None = None
     async with cancelled_on_disconnect(request.receive):
-        done = await _forward(services, ask, services.pools.complete, ask.payload, JSON)
+        budget = _break_budget(services, ask)
+        complete = functools.partial(services.pools.complete, budget=budget)
+        try:
+            done = await _forward(services, ask, complete, ask.payload, JSON)
+        finally:
+            _count_breaks(services, ask, budget)
     if done is None:
         raise _client_closed()
     if isinstance(done, Response):

@@ -79,6 +79,15 @@ class Settings(BaseSettings):
     outlier_failure_percentage: float = Field(85.0, gt=0, le=100, description="eject above")
     outlier_slow_start_s: float = Field(30.0, ge=0, description="ramp-up after return")
     tries_per_pool: int = Field(2, ge=1)
+    break_retries: int = Field(
+        5,
+        ge=0,
+        description="a non-streaming answer that broke before any of it reached the client is "
+        "tried again at most this often, on endpoints whose answers have not broken first",
+    )
+    break_retry_window_s: float = Field(
+        60.0, gt=0, description="no such retry starts later than this after the request came"
+    )
     policy_watch_s: float = Field(1.0, gt=0, description="how often the policy file is checked")
     admin_token: SecretStr | None = Field(None, description="bearer token; unset disables /admin")
     console: bool = Field(True, description="serve the ops console at /console (needs /admin)")

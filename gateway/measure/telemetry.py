@@ -237,8 +237,9 @@ class Telemetry:
             _failovers=counter(
                 "speclane_failovers",
                 "requests the decision sent to a pool that another endpoint or pool "
-                "(served_by) served, that were retried after a broken stream, or that none "
-                "could serve (exhausted)",
+                "(served_by) served, retries of answers that broke before reaching the client "
+                "(retried_after_break, one per retry), requests whose break retries ran out "
+                "(exhausted_after_break), or that none could serve (exhausted)",
                 ["pool", "result", "served_by"],
             ),
             _upstream_failures=counter(

@@ -31,7 +31,7 @@ def sim(mode: Mode, seed: int, *, timed: bool = False, **faults: Any) -> SimConf
     )
 
 
-def policy(spec: Sequence[str], standard: Sequence[str], start: str) -> str:
+def policy(spec: Sequence[str], standard: Sequence[str], start: str, whole: bool = False) -> str:
     timeouts = "{connect_s: 1, first_byte_s: 2, idle_s: 2}"
     return f"""
 version: 1
@@ -47,7 +47,7 @@ pools:
     model: {MODEL}
     endpoints: [{", ".join(standard)}]
     timeouts: {timeouts}
-    passthrough_non_streaming: false  # stream and assemble, as for a pool measured by chunks
+    passthrough_non_streaming: {str(whole).lower()}  # false: stream and assemble
 ladder: [spec, standard]
 rules: [{{name: default, start: {start}}}]
 """
@@ -59,15 +59,17 @@ async def stack(
     spec: Sequence[SimConfig],
     standard: Sequence[SimConfig],
     start: str = "spec",
+    whole: bool = False,
     **overrides: Any,
 ) -> AsyncIterator[tuple[str, Any, list[str], list[str]]]:
     """A gateway in front of one simulator per config; yields its URL, its services and
     the simulators' URLs (speculative, standard). Rules start on ``start``: on ``standard``
-    the guardrail never moves traffic, so every request meets the endpoints under test."""
+    the guardrail never moves traffic, so every request meets the endpoints under test.
+    ``whole``: the standard pool takes non-streaming requests non-streaming."""
     async with AsyncExitStack() as servers:
         spec_urls = [await servers.enter_async_context(serving(sim_app(c))) for c in spec]
         std_urls = [await servers.enter_async_context(serving(sim_app(c))) for c in standard]
-        text = policy(spec_urls, std_urls, start)
+        text = policy(spec_urls, std_urls, start, whole)
         async with gateway(settings(tmp, text, **overrides)) as (url, services):
             yield url, services, spec_urls, std_urls
 
@@ -143,28 +145,74 @@ async def test_an_endpoint_that_drops_every_stream_after_its_first_event_is_ejec
     assert services.pools.healthy("standard")
 
 
-async def test_non_streaming_answers_that_break_mid_way_are_retried(tmp_path):
-    """20% of one endpoint's streams break after their first events: a non-streaming client
-    never sees it (the answer is retried on the other endpoint); every streaming client
-    whose stream broke gets a final error event, never a silent end."""
+def dying(rate: float) -> tuple[list[SimConfig], list[SimConfig]]:
+    """Every endpoint (one speculative, two standard) drops ``rate`` of its answers part way."""
+    spec = [sim(Mode.SPECULATIVE, 3, timed=True, die_rate=rate, die_after_chunks=2)]
     standard = [
-        sim(Mode.STANDARD, 1, timed=True, die_rate=0.2, die_after_chunks=2),
-        sim(Mode.STANDARD, 2, timed=True),
+        sim(Mode.STANDARD, seed, timed=True, die_rate=rate, die_after_chunks=2) for seed in (1, 2)
     ]
+    return spec, standard
+
+
+def counted(metrics: str, result: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("speclane_failovers_total{") and f'result="{result}"' in line
+    )
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["assembled", "passed-through"])
+async def test_non_streaming_answers_that_break_mid_way_are_retried_until_whole(tmp_path, whole):
+    """20% of every endpoint's answers break part way: a non-streaming client never sees it.
+    With one retry about 0.2 x 0.2 of 200 requests (8) would fail; the budget's retries go
+    on across endpoints and rungs, so none does."""
+    spec, standard = dying(0.2)
     async with (
-        stack(tmp_path, [sim(Mode.SPECULATIVE, 3)], standard, "standard") as (url, _, _, _),
-        httpx.AsyncClient() as c,
+        stack(tmp_path, spec, standard, "standard", whole, break_retries=10) as (url, *_),
+        httpx.AsyncClient(timeout=30) as c,
     ):
-        whole = await run(c, url, 200, 8)
+        whole_answers = await run(c, url, 200, 8)
+        metrics = (await c.get(url + "/metrics")).text
+    assert [r.status_code for r in whole_answers] == [200] * 200
+    assert all(r.json()["choices"][0]["message"]["content"] for r in whole_answers)
+    retried = counted(metrics, "retried_after_break")
+    assert 15 <= retried <= 90  # about 0.2 / 0.8 of 200 requests: each break retried once
+    assert counted(metrics, "exhausted_after_break") == 0
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["assembled", "passed-through"])
+async def test_break_retries_stop_at_the_budget(tmp_path, whole):
+    """Every answer breaks: each request is tried once and then exactly ``break_retries``
+    times more, and the client gets an error, never a hang or a truncated body."""
+    spec, standard = dying(1.0)
+    async with (
+        stack(tmp_path, spec, standard, "standard", whole, break_retries=3) as (url, *_),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        answers = await run(c, url, 10, 2)
+        metrics = (await c.get(url + "/metrics")).text
+    assert {r.status_code for r in answers} == ({503} if whole else {502})
+    assert all(r.json()["error"]["message"] for r in answers)
+    assert counted(metrics, "retried_after_break") == 30
+    assert counted(metrics, "exhausted_after_break") == 10
+
+
+async def test_broken_streams_end_with_an_error_event_and_are_not_retried(tmp_path):
+    """A streaming client whose stream broke after it started gets a final error event,
+    never a silent end, and no retry: part of its answer was sent."""
+    spec, standard = dying(0.2)
+    async with (
+        stack(tmp_path, spec, standard, "standard") as (url, *_),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
         streamed = await run(c, url, 200, 8, stream=True)
         metrics = (await c.get(url + "/metrics")).text
-    assert [r.status_code for r in whole] == [200] * 200
-    assert all(r.json()["choices"][0]["message"]["content"] for r in whole)
-    assert 'result="retried_after_break"' in metrics
     ends = [r.text.rstrip().rsplit("\n", 1)[-1] for r in streamed]
     errors = [e for e in ends if e != "data: [DONE]"]
     assert all('"error"' in e and "upstream_stream_broken" in e for e in errors)
-    assert 4 <= len(errors) <= 50  # about 10% of the 200 (half of them meet the endpoint)
+    assert 15 <= len(errors) <= 70  # about 20% of the 200
+    assert counted(metrics, "retried_after_break") == 0
 
 
 async def test_a_hanging_endpoint_times_out_fails_over_and_is_ejected(tmp_path):
