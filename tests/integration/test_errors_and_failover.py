@@ -193,13 +193,18 @@ async def test_non_streaming_failure_mid_stream_is_retried_once_elsewhere(tmp_pa
     assert len(spec.received) == 1 and len(std.received) == 1
 
 
-async def test_non_streaming_failure_mid_stream_twice_is_502_not_a_truncated_answer(tmp_path):
+async def test_a_non_streaming_answer_that_always_breaks_is_502_not_a_truncated_answer(
+    tmp_path,
+):
     spec = FakeUpstream(Behaviour(die_after=5))
-    async with fake_stack(tmp_path, spec.app(), spec.app()) as (url, _), httpx.AsyncClient() as c:
+    async with (
+        fake_stack(tmp_path, spec.app(), spec.app()) as (url, services),
+        httpx.AsyncClient() as c,
+    ):
         response = await c.post(url + "/v1/chat/completions", json=CHAT)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_stream_broken"
-    assert len(spec.received) == 2  # retried once, no more
+    assert len(spec.received) == 1 + services.settings.break_retries  # the budget, no more
 
 
 async def test_client_disconnect_cancels_the_upstream_stream(tmp_path):
