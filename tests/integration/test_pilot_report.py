@@ -142,7 +142,13 @@ async def test_a_live_pilot_logs_what_the_report_reads(tmp_path: Path) -> None:
     log = tmp_path / "outcomes.jsonl"
     records = await record_pilot(tmp_path, log, users=12)
     lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
-    assert len(lines) == len(records) == 12 * 2 + 3
+    # every request is a line; so is each exploration mirror to standard (its step time is
+    # not learned yet, so some judgements hinge on it and ~5% of requests are mirrored: how
+    # many is a draw), which the records polled before the end may not hold yet
+    served = [r for r in lines if not r["shadow"]]
+    assert len(served) == sum(1 for r in records if not r["shadow"]) == 12 * 2 + 3
+    assert all(r["pool"] == "standard" for r in lines if r["shadow"])
+    assert len(lines) >= len(records)
     assert {r["arm"] for r in lines} == {"spec", "standard"}
     text = log.read_text()
     for secret in ("Ada", "London", "lighthouse", "user-1", "acme"):
