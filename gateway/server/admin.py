@@ -277,4 +277,5 @@ def audit_json(entry: AuditEntry) -> dict[str, Any]:
         "old": flag_json(entry.old) if entry.old else None,
         "new": flag_json(entry.new) if entry.new else None,
         "reason": entry.reason,
+        **({"policy": entry.policy} if entry.policy else {}),
     }

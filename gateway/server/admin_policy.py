@@ -36,6 +36,7 @@ from gateway.classify import Defaults, classify
 from gateway.errors import JSON, ApiError
 from gateway.lifecycle import reload_policy
 from gateway.services import Services
+from gateway.state.flagstore import POLICY, AuditEntry
 from gateway.state.policyfile import version_of
 from gateway.state.policywrite import PolicyReadOnly, replace_text, unwritable
 from policies.compiled import CompiledPolicy, load_policy
@@ -159,6 +160,11 @@ class PolicyDrafts:
             raise _read_only(str(exc)) from None
         result = await reload_policy(self.services)
         who = request.headers.get("x-speclane-actor", "admin")[:100]
+        change = f"{disk['version']} -> {answer['version']}"
+        if not result.changed:
+            change += " (written; the reload refused it: " + "; ".join(result.errors)[:300] + ")"
+        entry = AuditEntry(self.services.wall(), who, POLICY, None, None, body.reason, change)
+        await self.services.state.note(entry)
         log.warning(
             "policy %s applied by %s (was %s): %s",
             answer["version"],

@@ -18,12 +18,20 @@ from policies.flags import FlagValue, merged
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
+    """One change by ops: a flag's value (``old`` -> ``new``), or, with ``policy`` set, a
+    policy applied through the admin API (``flag`` is then ``POLICY``, ``policy`` says
+    which version replaced which)."""
+
     at: float
     who: str
     flag: str
     old: FlagValue | None
     new: FlagValue | None
     reason: str
+    policy: str = ""
+
+
+POLICY = "(policy)"
 
 
 class FlagStore:
@@ -55,6 +63,10 @@ class FlagStore:
         self.audit.append(entry)
         self._rebuild()
         return entry
+
+    def note(self, entry: AuditEntry) -> None:
+        """A change that is not a flag's (a policy applied) joins the audit log."""
+        self.audit.append(entry)
 
     def replace(self, overrides: Mapping[str, FlagValue]) -> None:
         """Take overrides decided elsewhere (the shared store) as they are."""

@@ -56,6 +56,10 @@ class SharedState(Protocol):
 
     async def audit(self, limit: int) -> Sequence[AuditEntry]: ...
 
+    async def note(self, entry: AuditEntry) -> None:
+        """Add a change that is not a flag's (a policy applied) to the audit log."""
+        ...
+
     async def events(self, limit: int) -> list[dict[str, Any]]: ...
 
     def status(self) -> dict[str, object]: ...
@@ -99,6 +103,9 @@ class MemoryState:
 
     async def audit(self, limit: int) -> Sequence[AuditEntry]:
         return list(self._flags.audit)[-limit:]
+
+    async def note(self, entry: AuditEntry) -> None:
+        self._flags.note(entry)
 
     async def events(self, limit: int) -> list[dict[str, Any]]:
         return [transition_json(t) for t in list(self._stats.events)[-limit:]]

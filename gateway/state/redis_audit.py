@@ -54,6 +54,7 @@ def audit_to_json(entry: AuditEntry) -> bytes:
             "old": orjson.loads(flag_to_json(entry.old)) if entry.old else None,
             "new": orjson.loads(flag_to_json(entry.new)) if entry.new else None,
             "reason": entry.reason,
+            **({"policy": entry.policy} if entry.policy else {}),
         }
     )
 
@@ -62,7 +63,8 @@ def audit_from_json(raw: bytes | str) -> AuditEntry:
     d = orjson.loads(raw)
     old = flag_from_json(orjson.dumps(d["old"])) if d.get("old") else None
     new = flag_from_json(orjson.dumps(d["new"])) if d.get("new") else None
-    return AuditEntry(d["at"], d["who"], d["flag"], old, new, d.get("reason", ""))
+    policy = str(d.get("policy") or "")
+    return AuditEntry(d["at"], d["who"], d["flag"], old, new, d.get("reason", ""), policy)
 
 
 class SharedAudit:

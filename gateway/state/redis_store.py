@@ -205,6 +205,14 @@ class RedisState:
             await self._write_flag(name, None, entry)
         return entry
 
+    async def note(self, entry: AuditEntry) -> None:
+        self._flags.note(entry)
+        self._audit.pending.append(entry)
+        try:
+            await self._push_flags()
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+
     async def _write_flag(self, name: str, value: FlagValue | None, entry: AuditEntry) -> None:
         self._pending_flags[name] = value
         self._audit.pending.append(entry)

@@ -200,7 +200,7 @@ async def test_apply_writes_the_file_and_reloads_it(tmp_path):
         applied = await c.post(
             url + "/admin/policy/apply",
             json={"text": draft, "base_version": base, "reason": "json to standard"},
-            headers=AUTH,
+            headers=AUTH | {"x-speclane-actor": "ana"},
         )
         stale = await c.post(
             url + "/admin/policy/apply",
@@ -208,6 +208,7 @@ async def test_apply_writes_the_file_and_reloads_it(tmp_path):
             headers=AUTH,
         )
         served = await c.post(url + "/v1/chat/completions", json=JSON_REQUEST)
+        audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
     assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "policy_invalid"
     assert applied.status_code == 200, applied.text
     assert applied.json()["applied"] and applied.json()["reloaded"]
@@ -216,6 +217,9 @@ async def test_apply_writes_the_file_and_reloads_it(tmp_path):
     assert stale.status_code == 409 and stale.json()["error"]["code"] == "policy_changed"
     assert served.headers["x-speclane-pool"] == "standard"
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".policy.yaml.")]
+    (change,) = audit  # only what was applied: refusals change nothing
+    assert change["who"] == "ana" and change["reason"] == "json to standard"
+    assert change["policy"] == f"{base} -> {applied.json()['version']}"
 
 
 @contextmanager

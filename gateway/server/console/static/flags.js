@@ -110,7 +110,8 @@ export function renderAudit(entries) {
       h("td", { title: ago(e.at) }, clock(e.at)),
       h("td", null, e.who),
       h("td", null, e.flag),
-      h("td", null, e.old ? words(e.old) : "policy default", " → ", e.new ? words(e.new) : "policy default"),
+      e.policy ? h("td", null, "policy applied: ", e.policy)
+        : h("td", null, e.old ? words(e.old) : "policy default", " → ", e.new ? words(e.new) : "policy default"),
       h("td", null, e.reason || "–")));
   fill($("audit"),
     h("thead", null, h("tr", null, ["when", "who", "flag", "change", "reason"].map((c) => h("th", null, c)))),
