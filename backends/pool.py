@@ -7,11 +7,15 @@ resort (``_plan``). A whole answer that broke part way may start a fresh plan, w
 budget (``backends/retries.py``): nothing of it reached the client. A 4xx answer is the
 request's own fault and is raised at once. Every outcome feeds the endpoint's outlier
 record (``backends/outlier.py``): failures before the first event at once, a stream's when
-it is closed. Knows nothing of policies or the gateway: pools are names here.
+it is closed. A whole answer has nothing to show before it is done, so one awaited from an
+endpoint that gets ejected meanwhile (its streams timed out, its metrics page stopped
+answering) is given up at once and tried elsewhere, instead of waiting out ``total_s`` on a
+hung server. Knows nothing of policies or the gateway: pools are names here.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -56,6 +60,7 @@ class Endpoint:
     health: Health = field(default_factory=Health)
     outstanding: int = 0
     last_pick: int = 0
+    waiting: set[asyncio.Timeout] = field(default_factory=set)  # whole answers awaited
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +192,9 @@ class Pools:
 
     def failed(self, endpoint: Endpoint) -> None:
         group = [e.health for e in self.endpoints.get(endpoint.pool, ())]
-        self._detector.failure(endpoint.health, group, self._clock())
+        now = self._clock()
+        self._detector.failure(endpoint.health, group, now)
+        _give_up_if_ejected(endpoint, now)
 
     def succeeded(self, endpoint: Endpoint) -> None:
         self._detector.success(endpoint.health, self._clock())
@@ -206,6 +213,8 @@ class Pools:
         if now >= due:
             self._next_sweep[pool] = now + self._detector.rules.interval_s
             self._detector.sweep([e.health for e in self.endpoints.get(pool, ())], now)
+            for endpoint in self.endpoints.get(pool, ()):
+                _give_up_if_ejected(endpoint, now)
 
     # --- requests --------------------------------------------------------------------------
 
@@ -241,7 +250,20 @@ class Pools:
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
             sent = body(spec) if callable(body) else body
-            return await self._upstream.complete(endpoint.url + path, sent, headers, spec.timeouts)
+            waiting = asyncio.timeout(None)
+            try:
+                async with waiting:
+                    endpoint.waiting.add(waiting)
+                    try:
+                        url = endpoint.url + path
+                        return await self._upstream.complete(url, sent, headers, spec.timeouts)
+                    finally:
+                        endpoint.waiting.discard(waiting)
+            except TimeoutError:
+                if not waiting.expired():
+                    raise
+                given_up = "its endpoint was ejected while the answer was awaited"
+                raise UpstreamTimeout(given_up) from None
 
         spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid, budget)
         endpoint.outstanding -= 1
@@ -323,6 +345,14 @@ class Pools:
             if isinstance(exc, BackendError) and not _busy(exc):
                 self.failed(endpoint)
             raise
+
+
+def _give_up_if_ejected(endpoint: Endpoint, now: float) -> None:
+    """An ejected endpoint's awaited whole answers end now (``Pools.complete`` tries them
+    elsewhere)."""
+    if endpoint.waiting and endpoint.health.ejected(now):
+        for waiting in endpoint.waiting:
+            waiting.reschedule(asyncio.get_running_loop().time())
 
 
 def _busy(exc: BackendError) -> bool:

@@ -147,11 +147,11 @@ class Upstream:
             self._client = None
 
     def _post(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
+        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts, idle_s: float
     ) -> Awaitable[Response]:
         assert self._client is not None, "Upstream.start() was not awaited"
         return self._client.request(
-            b"POST", url, headers, body, connect_s=timeouts.connect_s, idle_s=timeouts.idle_s
+            b"POST", url, headers, body, connect_s=timeouts.connect_s, idle_s=idle_s
         )
 
     async def fetch_text(self, url: str, timeout_s: float) -> str:
@@ -172,12 +172,14 @@ class Upstream:
         self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
     ) -> bytes:
         """POST a non-streaming request and read the whole answer. A body that fails after a
-        successful head is ``StreamBroken``: the answer had started."""
+        successful head is ``StreamBroken``: the answer had started. The head comes when the
+        answer is done, so only ``total_s`` bounds the wait (a hung server is noticed by the
+        outlier detector: ``Pools.complete`` gives up on an endpoint ejected meanwhile)."""
         response: Response | None = None
         try:
             async with asyncio.timeout(timeouts.total_s):
                 with _mapped(started=False):
-                    response = await self._post(url, body, headers, timeouts)
+                    response = await self._post(url, body, headers, timeouts, timeouts.total_s)
                 with _mapped(started=response.status < 400):
                     return await _read_whole(response)
         except TimeoutError as exc:
@@ -191,7 +193,7 @@ class Upstream:
         """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise."""
         with _mapped(started=False):
             async with asyncio.timeout(timeouts.first_byte_s):
-                response = await self._post(url, body, headers, timeouts)
+                response = await self._post(url, body, headers, timeouts, timeouts.idle_s)
                 try:
                     if response.status >= 400:
                         await _raise_for(response)

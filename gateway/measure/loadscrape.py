@@ -8,7 +8,10 @@ vllm-neuron's ``vllm:num_requests_running`` plus ``vllm:num_requests_waiting``, 
 ``sglang:num_running_reqs`` plus ``sglang:num_queue_reqs`` (summed over engines and label
 sets). TensorRT-LLM is left out: its ``/metrics`` hands each iteration's stats to one reader
 only, and the pool scraper is that reader. Runs in the background; a failed read is
-counted and logged at debug level, never raised.
+counted and logged at debug level, never raised. A read that got no answer at all (no
+connection, or nothing within the timeout) is also an active health check: it counts as a
+failure of the endpoint for the outlier detector, so a hung server that takes no traffic
+is ejected too, and whole answers awaited from it are given up (``backends/pool.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.errors import BackendError
-from backends.pool import Pools
+from backends.errors import BackendError, Unavailable, UpstreamTimeout
+from backends.pool import Endpoint, Pools
 from backends.upstream import Upstream
 from gateway.measure.load import LoadMeter
 
@@ -69,21 +72,24 @@ class LoadScraper:
 
     async def scrape(self) -> None:
         """One round over every endpoint of every pool an engine's gauges can be read from."""
-        urls = [
-            e.url
+        endpoints = [
+            e
             for name, spec in list(self._pools.specs.items())
             if spec.engine in READ
             for e in self._pools.endpoints.get(name, ())
         ]
-        await asyncio.gather(*(self._read(url) for url in urls))
+        await asyncio.gather(*(self._read(e) for e in endpoints))
 
-    async def _read(self, url: str) -> None:
+    async def _read(self, endpoint: Endpoint) -> None:
+        url = endpoint.url
         try:
             text = await self._upstream.fetch_text(url.rstrip("/") + "/metrics", self._timeout_s)
             value = in_flight(text)
         except (BackendError, ValueError) as exc:
             self.failures += 1
             log.debug("load gauges of %s not read: %s", url, exc)
+            if _unanswered(exc):
+                self._pools.failed(endpoint)
             return
         if value is not None:
             self._load.scraped(url, value, self._clock())
@@ -95,3 +101,9 @@ class LoadScraper:
             except Exception:  # the loop must outlive one bad round
                 log.exception("load gauge scrape failed")
             await asyncio.sleep(interval_s)
+
+
+def _unanswered(exc: Exception) -> bool:
+    """No answer at all: a timeout, or a failure with no HTTP status (a server that answers
+    404 for its metrics page is alive)."""
+    return isinstance(exc, UpstreamTimeout) or (isinstance(exc, Unavailable) and not exc.status)

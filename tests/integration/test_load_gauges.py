@@ -12,6 +12,7 @@ import pytest
 from backends.sim.config import Mode, SimConfig
 from gateway.measure.loadscrape import in_flight
 from tests.gateways import sim_policy, sim_stack
+from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
 FIXTURES = Path(__file__).parents[1] / "vllm_fixtures"
@@ -65,3 +66,25 @@ async def test_requests_another_replica_sends_raise_the_ladder_load(tmp_path):
         await asyncio.gather(*others, return_exceptions=True)
     assert mean is not None and 3.5 <= mean <= 4.0  # four in flight, none of them ours
     assert ladder is not None and ladder > 0  # smoothed toward 2; without the gauges 0
+
+
+async def test_an_endpoint_whose_metrics_page_does_not_answer_is_ejected(tmp_path):
+    """Reading the gauges is an active health check too: a standard endpoint that takes no
+    traffic and stops answering (here: nothing listens on its port any more) is ejected
+    after the outlier detector's consecutive failures, without a client paying for it."""
+    spec = SimConfig(mode=Mode.SPECULATIVE, k=4, zero_latency=True)
+    async with sim_stack(
+        tmp_path, sim_policy(), spec, scrape_interval_s=3600, outlier_consecutive_failures=3
+    ) as stack:
+        services = stack.services
+        assert services.load_scraper is not None
+        (standard,) = services.pools.endpoints["standard"]
+        for _ in range(2):
+            await services.load_scraper.scrape()
+        assert services.pools.healthy("standard")  # answering: nothing counted
+        standard.url = f"http://127.0.0.1:{free_port()}"  # the server is gone
+        for _ in range(2):
+            await services.load_scraper.scrape()
+        assert services.pools.healthy("standard")
+        await services.load_scraper.scrape()
+        assert not services.pools.healthy("standard")

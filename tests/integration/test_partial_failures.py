@@ -227,3 +227,41 @@ async def test_a_hanging_endpoint_times_out_fails_over_and_is_ejected(tmp_path):
     assert [r.status_code for r in answers + fast] == [200] * 8
     assert {r.headers["x-speclane-pool"] for r in answers + fast} == {"standard"}
     assert not services.pools.healthy("spec")
+
+
+async def test_a_whole_answer_awaited_from_an_endpoint_ejected_meanwhile_is_tried_elsewhere(
+    tmp_path,
+):
+    """A passed-through whole answer shows nothing before it is done, so a hung server
+    would hold it for ``total_s`` (30 s here). When the endpoint is ejected meanwhile (two
+    streams that timed out on it), the awaited answer is given up at once and served by the
+    next rung, well inside the client's 15 s."""
+    async with AsyncExitStack() as servers:
+        hung = await servers.enter_async_context(
+            serving(sim_app(sim(Mode.SPECULATIVE, 1, hang_rate=1.0)))
+        )
+        standard = await servers.enter_async_context(serving(sim_app(sim(Mode.STANDARD, 2))))
+        text = f"""
+version: 1
+pools:
+  spec:
+    kind: speculative
+    model: {MODEL}
+    num_speculative_tokens: 4
+    endpoints: [{hung}]
+    timeouts: {{first_byte_s: 1, idle_s: 1, total_s: 30}}
+    passthrough_non_streaming: true
+  standard: {{kind: standard, model: {MODEL}, endpoints: [{standard}]}}
+ladder: [spec, standard]
+rules: [{{name: default, start: spec}}]
+"""
+        config = settings(tmp_path, text, outlier_consecutive_failures=2)
+        async with gateway(config) as (url, services), httpx.AsyncClient(timeout=15) as c:
+            whole = asyncio.create_task(c.post(url + "/v1/chat/completions", json=CHAT))
+            await asyncio.sleep(0.2)  # it is waiting on the hung endpoint
+            streams = await run(c, url, 2, 1, stream=True)
+            answer = await whole
+    assert [r.status_code for r in streams] == [200, 200]
+    assert answer.status_code == 200 and answer.headers["x-speclane-pool"] == "standard"
+    assert "ejected while the answer was awaited" in answer.headers["x-speclane-reason"]
+    assert not services.pools.healthy("spec")

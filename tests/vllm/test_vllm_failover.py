@@ -68,3 +68,53 @@ def test_a_killed_speculative_server_fails_over(stack: StackState, stack_dir: Pa
         again = bring_up(stack_dir).server("ngram")
     assert again is not None and again.pid != ngram.pid
     assert again.port == ngram.port  # a running gateway's policy still points at it
+
+
+def test_a_hung_speculative_server_times_out_fails_over_and_is_ejected(stack: StackState, tmp_path):
+    """SIGSTOP: the kernel still accepts connections for the stopped server, so requests
+    hang: a stream until the first-byte timeout, a whole answer (passed through: nothing
+    shows before it is done) until the endpoint is ejected, by timed-out streams or by its
+    metrics page not answering the gateway's reads. Then every request goes straight to the
+    next rung. None of them reaches the client as an error."""
+    ngram = stack.server("ngram")
+    assert ngram is not None
+    request = {
+        "model": stack.model,
+        "messages": [{"role": "user", "content": "def main("}],
+        "temperature": 0,
+        "max_tokens": 16,
+    }
+    text = policy_text(stack).replace(
+        f"endpoints: [{ngram.url}]}}", f"endpoints: [{ngram.url}], timeouts: {{first_byte_s: 2}}}}"
+    )
+    assert "first_byte_s" in text
+    settings = {"outlier_consecutive_failures": "3", "scrape_interval_s": "1"}
+    with speclane_serve(tmp_path, text, **settings) as gateway:
+        client = gateway.client()
+        assert (
+            client.chat.completions.with_raw_response.create(**request).headers["x-speclane-pool"]
+            == "ngram"
+        )
+        os.killpg(ngram.pid, signal.SIGSTOP)
+        try:
+            served, reasons = [], []
+            for i in range(10):
+                if i % 2:
+                    raw = client.chat.completions.with_raw_response.create(**request, stream=True)
+                    text = "".join(
+                        c.choices[0].delta.content or "" for c in raw.parse() if c.choices
+                    )
+                else:
+                    raw = client.chat.completions.with_raw_response.create(**request)
+                    text = raw.parse().choices[0].message.content or ""
+                served.append(raw.headers["x-speclane-pool"])
+                reasons.append(raw.headers["x-speclane-reason"])
+                assert text
+            ready = httpx.get(gateway.url + "/readyz", timeout=10).json()
+        finally:
+            os.killpg(ngram.pid, signal.SIGCONT)
+    assert "ngram" not in served
+    waited = [r for r in reasons if r.startswith("failover: ngram failed")]
+    assert 1 <= len(waited) <= 3, reasons  # the rest skip the ejected endpoint
+    assert all(r.startswith("failover: ngram ") for r in reasons), reasons
+    assert ready["pools"]["ngram"]["healthy"] is False
