@@ -188,7 +188,11 @@ class BoundedProtocol(HttpToolsProtocol):
         # A lingering close: the answer is followed by our FIN, and what the client still
         # sends is read and dropped for a moment, since closing with unread bytes would send
         # a reset, and with it the client could lose the answer before reading it.
-        self.transport.write_eof()
+        try:
+            self.transport.write_eof()
+        except OSError:  # the client is already gone: nothing to linger for
+            self.transport.close()
+            return
         self._discarding = True
         self._deadline = self.loop.call_later(_LINGER_S, self.transport.close)
         log.debug("connection from %s refused: %d %s", self.client, status, message)
