@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +25,22 @@ pytestmark = pytest.mark.vllm
 def refuses(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def ask(client: Any, request: dict[str, Any], n: int) -> tuple[list[str], list[str]]:
+    """``n`` requests, every other one streamed: the pool that served each, and why."""
+    served, reasons = [], []
+    for i in range(n):
+        if i % 2:
+            raw = client.chat.completions.with_raw_response.create(**request, stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        else:
+            raw = client.chat.completions.with_raw_response.create(**request)
+            text = raw.parse().choices[0].message.content or ""
+        served.append(raw.headers["x-speclane-pool"])
+        reasons.append(raw.headers["x-speclane-reason"])
+        assert text
+    return served, reasons
 
 
 def test_a_killed_speculative_server_fails_over(stack: StackState, stack_dir: Path, tmp_path):
@@ -44,19 +61,7 @@ def test_a_killed_speculative_server_fails_over(stack: StackState, stack_dir: Pa
             deadline = time.monotonic() + 10
             while not refuses(ngram.port) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            served, reasons = [], []
-            for i in range(12):
-                if i % 2:
-                    raw = client.chat.completions.with_raw_response.create(**request, stream=True)
-                    text = "".join(
-                        c.choices[0].delta.content or "" for c in raw.parse() if c.choices
-                    )
-                else:
-                    raw = client.chat.completions.with_raw_response.create(**request)
-                    text = raw.parse().choices[0].message.content or ""
-                served.append(raw.headers["x-speclane-pool"])
-                reasons.append(raw.headers["x-speclane-reason"])
-                assert text
+            served, reasons = ask(client, request, 12)
             metrics = gateway.metrics()
             ready = httpx.get(gateway.url + "/readyz", timeout=10).json()
         assert "ngram" not in served
@@ -97,19 +102,7 @@ def test_a_hung_speculative_server_times_out_fails_over_and_is_ejected(stack: St
         )
         os.killpg(ngram.pid, signal.SIGSTOP)
         try:
-            served, reasons = [], []
-            for i in range(10):
-                if i % 2:
-                    raw = client.chat.completions.with_raw_response.create(**request, stream=True)
-                    text = "".join(
-                        c.choices[0].delta.content or "" for c in raw.parse() if c.choices
-                    )
-                else:
-                    raw = client.chat.completions.with_raw_response.create(**request)
-                    text = raw.parse().choices[0].message.content or ""
-                served.append(raw.headers["x-speclane-pool"])
-                reasons.append(raw.headers["x-speclane-reason"])
-                assert text
+            served, reasons = ask(client, request, 10)
             ready = httpx.get(gateway.url + "/readyz", timeout=10).json()
         finally:
             os.killpg(ngram.pid, signal.SIGCONT)
