@@ -1,7 +1,8 @@
 """A speculative server that dies fails over: new requests, streamed or not, all succeed on
 the next rung, the client sees no error, and speclane says what happened (the reason header,
 the failover counter, ``/readyz``). The server is started again afterwards by the same
-``speclane local-vllm up``, which restarts only what is not running."""
+``speclane local-vllm up``, which restarts only what is not running. The guardrail is pinned:
+what is tested is the failover, not whether the slice would also be cheaper elsewhere."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from gateway.cli.localvllm.stackfile import StackState, policy_text
 from tests.vllm.conftest import bring_up
-from tests.vllm.serve import sample, speclane_serve
+from tests.vllm.serve import PINNED, sample, speclane_serve
 
 pytestmark = pytest.mark.vllm
 
@@ -53,7 +54,7 @@ def test_a_killed_speculative_server_fails_over(stack: StackState, stack_dir: Pa
         "max_tokens": 16,
     }
     try:
-        with speclane_serve(tmp_path, policy_text(stack)) as gateway:
+        with speclane_serve(tmp_path, policy_text(stack) + PINNED) as gateway:
             client = gateway.client()
             first = client.chat.completions.with_raw_response.create(**request)
             assert first.headers["x-speclane-pool"] == "ngram"
@@ -89,7 +90,7 @@ def test_a_hung_speculative_server_times_out_fails_over_and_is_ejected(stack: St
         "temperature": 0,
         "max_tokens": 16,
     }
-    text = policy_text(stack).replace(
+    text = (policy_text(stack) + PINNED).replace(
         f"endpoints: [{ngram.url}]}}", f"endpoints: [{ngram.url}], timeouts: {{first_byte_s: 2}}}}"
     )
     assert "first_byte_s" in text
