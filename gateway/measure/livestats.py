@@ -46,13 +46,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from gateway.measure.acceptance import Outcome, Signal, Status
+from gateway.measure.slicerecord import RECENT, Increment, SliceRecord, counts_of, newest_tallies
 from gateway.measure.steptimes import EXPLORE_PER_MINUTE, StepTimes
-from gateway.measure.windows import BUCKETS, Counts, Window, spans, total_since
+from gateway.measure.windows import Counts, Window, spans
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.economics import Judgement, Rung, Tally, hinges, judge, span_targets, transfer
 from policies.guardrail import (
@@ -74,91 +75,7 @@ from policies.steptime import StepFit, StepTime
 Load = Callable[[str, float], "float | None"]
 
 log = logging.getLogger(__name__)
-RECENT = 16  # per slice and pool, the newest requests kept one by one for the short spans
 JUDGE_EVERY_S = 0.25  # economic mode: a slice is judged at most this often on its outcomes
-
-
-@dataclass(slots=True)
-class _Slice:
-    model: str
-    rule: str
-    state: SliceState = ON_START
-    windows: dict[str, Window] = field(default_factory=dict)
-    remote: dict[str, dict[float, Counts]] = field(default_factory=dict)
-    proposed: bool = False
-    seen: float = 0.0
-    window_s: float = 300.0
-    economic: bool = False
-    probes: int = 0
-    recent: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
-    judged: float = float("-inf")
-    fresh: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def window_epoch(self) -> int:
-        """The epoch shared windows are kept under: one for good in economic mode."""
-        return 0 if self.economic else self.state.version
-
-    def buckets(self, pool: str, now: float) -> list[tuple[float, Counts]]:
-        """Local and pulled buckets of ``pool`` still in the window, and not older than the
-        pool's evidence floor (``fresh``: a bucket begun before it may hold stale requests)."""
-        window = self.windows.get(pool)
-        out = window.buckets(now) if window else []
-        floor = self.fresh.get(pool)
-        if floor is not None:
-            out = [(t, c) for t, c in out if t >= floor]
-        oldest, first = now - self.window_s, float("-inf") if floor is None else floor
-        out += [(t, c) for t, c in self.remote.get(pool, {}).items() if t > oldest and t >= first]
-        return out
-
-    def newest(self, pool: str) -> list[tuple[int, int]]:
-        """(tokens, steps) of the newest requests of ``pool`` one by one, oldest first,
-        from the pool's evidence floor on."""
-        floor = self.fresh.get(pool, float("-inf"))
-        return [(t, s) for at, t, s in self.recent.get(pool, ()) if at >= floor]
-
-    def counts(self, pool: str, now: float) -> Counts:
-        """Evidence for ``pool``: the sliding window, except while probing, when everything
-        since the phase began counts (a probe round at low traffic must be able to finish)."""
-        window = self.windows.get(pool)
-        buckets = self.remote.get(pool)
-        out = Counts()
-        if self.state.phase is Phase.PROBING:
-            if window:
-                out.add(window.since_start)
-            if buckets:
-                out.add(total_since(buckets, float("-inf")))
-            return out
-        if window:
-            out.add(window.total(now))
-        if buckets:
-            out.add(total_since(buckets, now - self.window_s))
-        return out
-
-    def requests_per_s(self, now: float) -> float:
-        """Requests of every pool in the sliding window (all replicas), over the time the
-        window has covered: since its oldest bucket, at least one bucket wide."""
-        oldest = now
-        requests = 0
-        for window in self.windows.values():
-            requests += window.total(now).requests
-            start = window.oldest(now)
-            oldest = min(oldest, now if start is None else start)
-        for buckets in self.remote.values():
-            for start, counts in buckets.items():
-                if start > now - self.window_s:
-                    requests += counts.requests
-                    oldest = min(oldest, start)
-        span = max(now - oldest, self.window_s / BUCKETS)
-        return requests / span
-
-    def restart(self, state: SliceState) -> None:
-        self.state = state
-        if not self.economic:
-            self.windows.clear()
-            self.remote.clear()
-        self.proposed = False
-        self.probes = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,20 +89,6 @@ class Seen:
     near: Judgement | None
     lower: StepTime | None
     decided_by: int
-
-
-@dataclass(frozen=True, slots=True)
-class Increment:
-    """Counts of one bucket of one (slice, epoch, pool), for the shared store."""
-
-    slice: str
-    model: str
-    rule: str
-    epoch: int
-    pool: str
-    start: float
-    counts: Counts
-    window_s: float
 
 
 class LiveStats:
@@ -205,7 +108,7 @@ class LiveStats:
         self.steps = StepTimes()
         self.unattributed: dict[str, int] = {}
         self._max_slices = max_slices
-        self._slices: OrderedDict[str, _Slice] = OrderedDict()
+        self._slices: OrderedDict[str, SliceRecord] = OrderedDict()
         self._on_transition = on_transition
         self.events: deque[Transition] = deque(maxlen=max_events)
         self.guards: Mapping[str, SliceState] = MappingProxyType({})
@@ -233,13 +136,17 @@ class LiveStats:
         entry.economic = found[0].guardrail.economic
         if not current and not entry.economic:
             return
-        if current and entry.state.phase is Phase.PROBING and labels.pool != _serving(entry, found):
+        if (
+            current
+            and entry.state.phase is Phase.PROBING
+            and labels.pool != found[1].pools[entry.serving(*found)]
+        ):
             entry.probes += 1
         window_s = entry.window_s = found[0].guardrail.window_s
         window = entry.windows.get(labels.pool)
         if window is None or window.window_s != window_s:
             window = entry.windows[labels.pool] = Window(window_s)
-        counts = _counts(outcome)
+        counts = counts_of(outcome)
         window.add(now, counts)
         if counts.stepped:
             recent = entry.recent.get(labels.pool)
@@ -295,10 +202,10 @@ class LiveStats:
             if entry is not None and found:
                 self._step(key, entry, found, now)
 
-    def _touch(self, key: str, model: str, rule: str, now: float) -> _Slice:
+    def _touch(self, key: str, model: str, rule: str, now: float) -> SliceRecord:
         entry = self._slices.get(key)
         if entry is None:
-            entry = self._slices[key] = _Slice(model, rule)
+            entry = self._slices[key] = SliceRecord(model, rule)
             if len(self._slices) > self._max_slices:
                 evicted, _ = self._slices.popitem(last=False)
                 if evicted in self.guards:
@@ -309,7 +216,7 @@ class LiveStats:
         return entry
 
     def _step(
-        self, key: str, entry: _Slice, found: tuple[CompiledRule, Ladder], now: float
+        self, key: str, entry: SliceRecord, found: tuple[CompiledRule, Ladder], now: float
     ) -> None:
         rule, ladder = found
         if rule.rule.start == SHADOW or entry.proposed:
@@ -318,8 +225,7 @@ class LiveStats:
             self._step_economic(key, entry, rule, ladder, now)
             return
         start = ladder.index(rule.rule.start)
-        standard = len(ladder.pools) - 1
-        serving = min(start + entry.state.offset, standard)
+        serving = entry.serving(rule, ladder)
         speed = rule.guardrail.mode is GuardrailMode.SPEEDUP
         judged_above = NOTHING
         if entry.state.phase is Phase.PROBING and serving > start:
@@ -330,7 +236,7 @@ class LiveStats:
             entry.state,
             Judged(self._evidence(entry, ladder, serving, now, speed), ladder.k[serving]),
             judged_above,
-            standard - serving,
+            len(ladder.pools) - 1 - serving,
             rule.guardrail,
             now,
         )
@@ -338,13 +244,13 @@ class LiveStats:
             self._transition(key, entry, transition)
 
     def _step_economic(
-        self, key: str, entry: _Slice, rule: CompiledRule, ladder: Ladder, now: float
+        self, key: str, entry: SliceRecord, rule: CompiledRule, ladder: Ladder, now: float
     ) -> None:
         config = rule.guardrail
         entry.judged = now
         self._due.discard(key)
         start = ladder.index(rule.rule.start)
-        serving = min(start + entry.state.offset, len(ladder.pools) - 1)
+        serving = entry.serving(rule, ladder)
         seen = self.judgements(entry, ladder, serving, start, config, now)
         rate = entry.requests_per_s(now)
         economics = replace(seen.economics, probe_count=entry.probes, rate=rate)
@@ -369,7 +275,7 @@ class LiveStats:
             self._publish()
 
     def _stale_before_probes(
-        self, entry: _Slice, ladder: Ladder, probed: int, decided_by: int, now: float
+        self, entry: SliceRecord, ladder: Ladder, probed: int, decided_by: int, now: float
     ) -> None:
         """Probes showed rung ``probed`` cheaper than its window said: what the slice saw
         there before the ``decided_by`` newest probes, and everything it saw on the rungs
@@ -382,7 +288,7 @@ class LiveStats:
 
     def judgements(
         self,
-        entry: _Slice,
+        entry: SliceRecord,
         ladder: Ladder,
         serving: int,
         start: int,
@@ -425,7 +331,7 @@ class LiveStats:
 
     def _rung(
         self,
-        entry: _Slice,
+        entry: SliceRecord,
         ladder: Ladder,
         i: int,
         load: float | None,
@@ -460,21 +366,21 @@ class LiveStats:
         return Rung(pool, k, per_second, step, tallies, transferred)
 
     def _tallies(
-        self, entry: _Slice, pool: str, k: int | None, targets: tuple[int, ...], now: float
+        self, entry: SliceRecord, pool: str, k: int | None, targets: tuple[int, ...], now: float
     ) -> tuple[Tally, ...]:
         if k is None:
             return ()
         recent = entry.newest(pool)
         short = [t for t in targets if t <= len(recent)]
         longer = spans(entry.buckets(pool, now), [t for t in targets if t > len(recent)])
-        return _newest(recent, short) + tuple(x for x in longer if x.n > len(recent))
+        return newest_tallies(recent, short) + tuple(x for x in longer if x.n > len(recent))
 
     def _judge_load(self, ladder: Ladder, now: float) -> float | None:
         load = self._load(ladder.model, now) if self._load is not None else None
         return max(load, 1.0) if load is not None else self.steps.mean_batch(ladder, now)
 
     def _evidence(
-        self, entry: _Slice, ladder: Ladder, rung: int, now: float, speed: bool
+        self, entry: SliceRecord, ladder: Ladder, rung: int, now: float, speed: bool
     ) -> Evidence:
         counts = entry.counts(ladder.pools[rung], now)
         speedup = None
@@ -484,7 +390,7 @@ class LiveStats:
                 speedup = base.tpot / counts.tpot
         return Evidence(counts.measured or counts.tpot_n, counts.acceptance, speedup)
 
-    def _transition(self, key: str, entry: _Slice, transition: Transition) -> None:
+    def _transition(self, key: str, entry: SliceRecord, transition: Transition) -> None:
         if self.shared:
             entry.proposed = True
             self.proposals[key] = transition
@@ -606,7 +512,8 @@ class LiveStats:
         """(slice, rule, state, pool served now) of every slice kept, for the state gauges."""
         policy = self._policy()
         for key, entry in self._slices.items():
-            yield key, entry.rule, entry.state, _rungs(policy, entry)["rung"]
+            found = _rule_and_ladder(policy, entry.rule, entry.model)
+            yield key, entry.rule, entry.state, entry.rungs(found)["rung"]
 
     def seconds_per_token(self, key: str, now: float) -> dict[str, float]:
         """The guardrail's estimate of endpoint-seconds per output token of one slice on each
@@ -656,105 +563,16 @@ class LiveStats:
     def summary(self, now: float) -> dict[str, dict[str, object]]:
         """Every slice's state and per-pool window, for the admin API and the demo; ``rung``
         is the pool the slice is served on now (None when its rule or model is gone)."""
-        out: dict[str, dict[str, object]] = {}
         policy = self._policy()
-        for key, entry in self._slices.items():
-            pools = {}
-            for pool in entry.windows.keys() | entry.remote.keys():
-                c = entry.counts(pool, now)
-                pools[pool] = {
-                    "requests": c.requests,
-                    "measured": c.measured,
-                    "acceptance": c.acceptance,
-                    "acceptance_margin95": c.margin,
-                    "tokens_per_step": c.tokens_per_step,
-                    "stepped": c.stepped,
-                    "tpot_s": c.tpot,
-                    "errors": c.errors,
-                }
-            out[key] = {
-                "rule": entry.rule,
-                "model": entry.model,
-                "offset": entry.state.offset,
-                "phase": entry.state.phase.value,
-                "since": entry.state.since,
-                **_rungs(policy, entry),
-                "requests_per_s": entry.requests_per_s(now),
-                "window_s": entry.window_s,
-                "pools": pools,
-            }
-        return out
+        return {
+            key: entry.view(now, _rule_and_ladder(policy, entry.rule, entry.model))
+            for key, entry in self._slices.items()
+        }
 
 
 def _by_probes(seen: Economics) -> bool:
     """Did the newest probes, rather than the whole window, decide a climb?"""
     return seen.probes is not None and seen.probes.verdict > 0
-
-
-def _newest(recent: Iterable[tuple[int, int]], targets: list[int]) -> tuple[Tally, ...]:
-    """Tallies of the newest ``t`` requests for each target ``t`` (request-granular)."""
-    out = []
-    n = tokens = steps = tok_sq = step_sq = tok_step = 0
-    wanted = sorted(targets)
-    for t, s in reversed(list(recent)):
-        if not wanted:
-            break
-        n, tokens, steps = n + 1, tokens + t, steps + s
-        tok_sq, step_sq, tok_step = tok_sq + t * t, step_sq + s * s, tok_step + t * s
-        if n == wanted[0]:
-            wanted.pop(0)
-            out.append(Tally(n, tokens, steps, tok_sq, step_sq, tok_step))
-    return tuple(out)
-
-
-def _serving(entry: _Slice, found: tuple[CompiledRule, Ladder]) -> str:
-    rule, ladder = found
-    return ladder.pools[
-        min(ladder.index(rule.rule.start) + entry.state.offset, len(ladder.pools) - 1)
-    ]
-
-
-def _counts(outcome: Outcome) -> Counts:
-    counts = Counts(requests=1)
-    if outcome.status is not Status.OK:
-        counts.errors = 1
-        return counts
-    steps = outcome.steps
-    if steps:
-        tokens = outcome.completion_tokens - 1
-        counts.stepped = 1
-        counts.tokens = tokens
-        counts.steps = steps
-        counts.tok_sq = tokens * tokens
-        counts.step_sq = steps * steps
-        counts.tok_step = tokens * steps
-    if outcome.drafted:
-        rate = outcome.accepted / outcome.drafted
-        counts.measured = 1
-        counts.drafted = outcome.drafted
-        counts.accepted = outcome.accepted
-        counts.rate_sum = rate
-        counts.rate_sq = rate * rate
-    if outcome.tpot_s is not None:
-        counts.tpot_sum = outcome.tpot_s
-        counts.tpot_n = 1
-    return counts
-
-
-def _rungs(policy: CompiledPolicy, entry: _Slice) -> dict[str, str | None]:
-    """The rule's start rung, the pool the slice is served on, and the one it probes."""
-    found = _rule_and_ladder(policy, entry.rule, entry.model)
-    if found is None:
-        return {"start": None, "rung": None, "probing": None}
-    rule, ladder = found
-    start = ladder.index(rule.rule.start)
-    serving = min(start + entry.state.offset, len(ladder.pools) - 1)
-    probing = entry.state.phase is Phase.PROBING and serving > start
-    return {
-        "start": rule.rule.start,
-        "rung": ladder.pools[serving],
-        "probing": ladder.pools[serving - 1] if probing else None,
-    }
 
 
 def _rule_and_ladder(

@@ -40,7 +40,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.measure.engine_scrape import tallied
-from gateway.measure.livestats import Increment, LiveStats
+from gateway.measure.livestats import LiveStats
+from gateway.measure.slicerecord import Increment
 from gateway.measure.telemetry import Telemetry
 from gateway.measure.windows import Counts
 from gateway.state.flagstore import AuditEntry, FlagStore

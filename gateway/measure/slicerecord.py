@@ -1,0 +1,209 @@
+"""What live statistics keep per slice (``gateway/measure/livestats.py`` judges it): its
+windows per pool, local and pulled from other replicas, its newest requests one by one for
+the short spans of the economic judge, the floor its evidence starts at, and the counts one
+outcome adds. Pure data and arithmetic; time is an argument.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gateway.measure.acceptance import Outcome, Status
+from gateway.measure.windows import BUCKETS, Counts, Window, total_since
+from policies.compiled import CompiledRule, Ladder
+from policies.economics import Tally
+from policies.guardrail import ON_START, Phase, SliceState
+
+RECENT = 16  # per slice and pool, the newest requests kept one by one for the short spans
+
+
+@dataclass(slots=True)
+class SliceRecord:
+    """One slice's evidence and guardrail state: its windows per pool (local, and pulled
+    from other replicas), its newest requests one by one, and where its evidence starts."""
+
+    model: str
+    rule: str
+    state: SliceState = ON_START
+    windows: dict[str, Window] = field(default_factory=dict)
+    remote: dict[str, dict[float, Counts]] = field(default_factory=dict)
+    proposed: bool = False
+    seen: float = 0.0
+    window_s: float = 300.0
+    economic: bool = False
+    probes: int = 0
+    recent: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
+    judged: float = float("-inf")
+    fresh: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def window_epoch(self) -> int:
+        """The epoch shared windows are kept under: one for good in economic mode."""
+        return 0 if self.economic else self.state.version
+
+    def buckets(self, pool: str, now: float) -> list[tuple[float, Counts]]:
+        """Local and pulled buckets of ``pool`` still in the window, and not older than the
+        pool's evidence floor (``fresh``: a bucket begun before it may hold stale requests)."""
+        window = self.windows.get(pool)
+        out = window.buckets(now) if window else []
+        floor = self.fresh.get(pool)
+        if floor is not None:
+            out = [(t, c) for t, c in out if t >= floor]
+        oldest, first = now - self.window_s, float("-inf") if floor is None else floor
+        out += [(t, c) for t, c in self.remote.get(pool, {}).items() if t > oldest and t >= first]
+        return out
+
+    def newest(self, pool: str) -> list[tuple[int, int]]:
+        """(tokens, steps) of the newest requests of ``pool`` one by one, oldest first,
+        from the pool's evidence floor on."""
+        floor = self.fresh.get(pool, float("-inf"))
+        return [(t, s) for at, t, s in self.recent.get(pool, ()) if at >= floor]
+
+    def counts(self, pool: str, now: float) -> Counts:
+        """Evidence for ``pool``: the sliding window, except while probing, when everything
+        since the phase began counts (a probe round at low traffic must be able to finish)."""
+        window = self.windows.get(pool)
+        buckets = self.remote.get(pool)
+        out = Counts()
+        if self.state.phase is Phase.PROBING:
+            if window:
+                out.add(window.since_start)
+            if buckets:
+                out.add(total_since(buckets, float("-inf")))
+            return out
+        if window:
+            out.add(window.total(now))
+        if buckets:
+            out.add(total_since(buckets, now - self.window_s))
+        return out
+
+    def requests_per_s(self, now: float) -> float:
+        """Requests of every pool in the sliding window (all replicas), over the time the
+        window has covered: since its oldest bucket, at least one bucket wide."""
+        oldest = now
+        requests = 0
+        for window in self.windows.values():
+            requests += window.total(now).requests
+            start = window.oldest(now)
+            oldest = min(oldest, now if start is None else start)
+        for buckets in self.remote.values():
+            for start, counts in buckets.items():
+                if start > now - self.window_s:
+                    requests += counts.requests
+                    oldest = min(oldest, start)
+        span = max(now - oldest, self.window_s / BUCKETS)
+        return requests / span
+
+    def serving(self, rule: CompiledRule, ladder: Ladder) -> int:
+        """The index in ``ladder`` of the rung the slice is served on."""
+        return min(ladder.index(rule.rule.start) + self.state.offset, len(ladder.pools) - 1)
+
+    def view(self, now: float, found: tuple[CompiledRule, Ladder] | None) -> dict[str, object]:
+        """The slice's state and per-pool window for the admin API; ``found``: its rule and
+        ladder (None when either is gone from the policy)."""
+        pools = {}
+        for pool in self.windows.keys() | self.remote.keys():
+            c = self.counts(pool, now)
+            pools[pool] = {
+                "requests": c.requests,
+                "measured": c.measured,
+                "acceptance": c.acceptance,
+                "acceptance_margin95": c.margin,
+                "tokens_per_step": c.tokens_per_step,
+                "stepped": c.stepped,
+                "tpot_s": c.tpot,
+                "errors": c.errors,
+            }
+        return {
+            "rule": self.rule,
+            "model": self.model,
+            "offset": self.state.offset,
+            "phase": self.state.phase.value,
+            "since": self.state.since,
+            **self.rungs(found),
+            "requests_per_s": self.requests_per_s(now),
+            "window_s": self.window_s,
+            "pools": pools,
+        }
+
+    def rungs(self, found: tuple[CompiledRule, Ladder] | None) -> dict[str, str | None]:
+        """The rule's start rung, the pool the slice is served on, and the one it probes."""
+        if found is None:
+            return {"start": None, "rung": None, "probing": None}
+        rule, ladder = found
+        start = ladder.index(rule.rule.start)
+        serving = self.serving(rule, ladder)
+        probing = self.state.phase is Phase.PROBING and serving > start
+        return {
+            "start": rule.rule.start,
+            "rung": ladder.pools[serving],
+            "probing": ladder.pools[serving - 1] if probing else None,
+        }
+
+    def restart(self, state: SliceState) -> None:
+        self.state = state
+        if not self.economic:
+            self.windows.clear()
+            self.remote.clear()
+        self.proposed = False
+        self.probes = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Increment:
+    """Counts of one bucket of one (slice, epoch, pool), for the shared store."""
+
+    slice: str
+    model: str
+    rule: str
+    epoch: int
+    pool: str
+    start: float
+    counts: Counts
+    window_s: float
+
+
+def newest_tallies(recent: Iterable[tuple[int, int]], targets: list[int]) -> tuple[Tally, ...]:
+    """Tallies of the newest ``t`` requests for each target ``t`` (request-granular)."""
+    out = []
+    n = tokens = steps = tok_sq = step_sq = tok_step = 0
+    wanted = sorted(targets)
+    for t, s in reversed(list(recent)):
+        if not wanted:
+            break
+        n, tokens, steps = n + 1, tokens + t, steps + s
+        tok_sq, step_sq, tok_step = tok_sq + t * t, step_sq + s * s, tok_step + t * s
+        if n == wanted[0]:
+            wanted.pop(0)
+            out.append(Tally(n, tokens, steps, tok_sq, step_sq, tok_step))
+    return tuple(out)
+
+
+def counts_of(outcome: Outcome) -> Counts:
+    """One finished request as window counts."""
+    counts = Counts(requests=1)
+    if outcome.status is not Status.OK:
+        counts.errors = 1
+        return counts
+    steps = outcome.steps
+    if steps:
+        tokens = outcome.completion_tokens - 1
+        counts.stepped = 1
+        counts.tokens = tokens
+        counts.steps = steps
+        counts.tok_sq = tokens * tokens
+        counts.step_sq = steps * steps
+        counts.tok_step = tokens * steps
+    if outcome.drafted:
+        rate = outcome.accepted / outcome.drafted
+        counts.measured = 1
+        counts.drafted = outcome.drafted
+        counts.accepted = outcome.accepted
+        counts.rate_sum = rate
+        counts.rate_sq = rate * rate
+    if outcome.tpot_s is not None:
+        counts.tpot_sum = outcome.tpot_s
+        counts.tpot_n = 1
+    return counts
