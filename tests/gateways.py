@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import httpx
+
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from gateway.server.app import build_services, create_app
@@ -116,3 +118,10 @@ async def sim_stack(
         text = policy.format(spec=spec_url, std=std_url)
         async with gateway(settings(tmp, text, **overrides)) as (url, services):
             yield Stack(url, services, spec_url)
+
+
+async def served_by(c: httpx.AsyncClient, url: str, body: dict[str, Any], **headers: str) -> str:
+    """The pool that answered ``body`` (asserting the answer is a 200)."""
+    response = await c.post(url + "/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return response.headers["x-speclane-pool"]

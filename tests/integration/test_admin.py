@@ -10,7 +10,7 @@ import pytest
 from gateway.cli.main import main
 from gateway.identity import key_hash
 from tests.fakes import FakeUpstream
-from tests.gateways import fake_stack
+from tests.gateways import fake_stack, served_by
 
 pytestmark = pytest.mark.anyio
 
@@ -36,12 +36,6 @@ rules:
 tenants:
   acme: {{api_keys: [KEY_ACME]}}
 """.replace("KEY_ACME", key_hash("sk-acme"))
-
-
-async def pool_of(c: httpx.AsyncClient, url: str, body: dict, **headers: str) -> str:
-    response = await c.post(url + "/v1/chat/completions", json=body, headers=headers)
-    assert response.status_code == 200, response.text
-    return response.headers["x-speclane-pool"]
 
 
 async def test_admin_refuses_missing_and_wrong_tokens(tmp_path):
@@ -77,17 +71,17 @@ async def test_kill_switch_sends_everything_to_standard_and_is_audited(tmp_path)
         fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
         httpx.AsyncClient() as c,
     ):
-        assert await pool_of(c, url, CHAT) == "spec"
+        assert await served_by(c, url, CHAT) == "spec"
         off = await c.put(
             url + "/admin/flags/speculation",
             json={"enabled": False, "reason": "incident 42"},
             headers={**AUTH, "x-speclane-actor": "alice"},
         )
         assert off.status_code == 200
-        assert await pool_of(c, url, CHAT) == "standard"
+        assert await served_by(c, url, CHAT) == "standard"
         reset = await c.delete(url + "/admin/flags/speculation", headers=AUTH)
         assert reset.status_code == 200
-        assert await pool_of(c, url, CHAT) == "spec"
+        assert await served_by(c, url, CHAT) == "spec"
         audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
     assert [(a["flag"], a["who"]) for a in audit] == [
         ("speculation", "alice"),
@@ -106,20 +100,21 @@ async def test_rule_flag_rollout_and_tenants(tmp_path):
         httpx.AsyncClient() as c,
     ):
         await c.put(url + "/admin/flags/spec-json", json={"enabled": False}, headers=AUTH)
-        assert await pool_of(c, url, json_chat) == "standard"
-        assert await pool_of(c, url, CHAT) == "spec"  # other rules keep speculating
+        assert await served_by(c, url, json_chat) == "standard"
+        assert await served_by(c, url, CHAT) == "spec"  # other rules keep speculating
         await c.put(
             url + "/admin/flags/spec-json",
             json={"enabled": True, "tenants": {"deny": ["acme"]}},
             headers=AUTH,
         )
-        assert await pool_of(c, url, json_chat, authorization="Bearer sk-acme") == "standard"
-        assert await pool_of(c, url, json_chat, authorization="Bearer sk-other") == "spec"
+        assert await served_by(c, url, json_chat, authorization="Bearer sk-acme") == "standard"
+        assert await served_by(c, url, json_chat, authorization="Bearer sk-other") == "spec"
         await c.put(url + "/admin/flags/spec-json", json={"rollout": 50}, headers=AUTH)
         pools = {
-            user: await pool_of(c, url, {**json_chat, "user": user}) for user in map(str, range(40))
+            user: await served_by(c, url, {**json_chat, "user": user})
+            for user in map(str, range(40))
         }
-        again = {user: await pool_of(c, url, {**json_chat, "user": user}) for user in pools}
+        again = {user: await served_by(c, url, {**json_chat, "user": user}) for user in pools}
     assert pools == again  # a user stays in one arm
     assert 8 <= sum(p == "spec" for p in pools.values()) <= 32
 
@@ -175,13 +170,13 @@ async def test_reload_keeps_the_running_policy_when_the_new_one_is_bad(tmp_path)
         assert rejected.status_code == 422
         errors = rejected.json()["errors"]
         assert any(":13:12: error: rules.0.start" in e and "spek" in e for e in errors), errors
-        assert await pool_of(c, url, CHAT) == "spec"
+        assert await served_by(c, url, CHAT) == "spec"
         path.write_text(
             good.replace("{name: default, start: spec}", "{name: default, start: standard}")
         )
         accepted = await c.post(url + "/admin/policy/reload", headers=AUTH)
         assert accepted.status_code == 200
-        assert await pool_of(c, url, CHAT) == "standard"
+        assert await served_by(c, url, CHAT) == "standard"
 
 
 async def test_flags_cli_sets_and_lists(tmp_path, capsys):
@@ -219,7 +214,7 @@ async def test_a_misspelt_flag_is_refused_with_a_suggestion(tmp_path, capsys):
     ):
         common = ["flags", "--gateway", url, "--token", TOKEN]
         typo = await asyncio.to_thread(main, [*common, "set", "speculaton", "--off"])
-        assert await pool_of(c, url, CHAT) == "spec"  # nothing changed
+        assert await served_by(c, url, CHAT) == "spec"  # nothing changed
         created = await asyncio.to_thread(main, [*common, "set", "brand-new", "--create"])
         again = await asyncio.to_thread(main, [*common, "set", "brand-new", "--off"])
         audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]

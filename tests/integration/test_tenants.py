@@ -11,7 +11,7 @@ import pytest
 
 from gateway.identity import key_hash
 from tests.fakes import Behaviour, FakeUpstream
-from tests.gateways import fake_stack
+from tests.gateways import fake_stack, served_by
 
 pytestmark = pytest.mark.anyio
 
@@ -40,33 +40,30 @@ def key(name: str) -> dict[str, str]:
     return {"authorization": f"Bearer sk-{name}"}
 
 
-async def pool(c: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> str:
-    r = await c.post(url + "/v1/chat/completions", json=body, headers=headers)
-    assert r.status_code == 200, r.text
-    return r.headers["x-speclane-pool"]
-
-
 async def test_a_client_cannot_change_its_tenant(tmp_path):
     fake = FakeUpstream()
     async with (
         fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
         httpx.AsyncClient() as c,
     ):
-        denied = await pool(c, url, JSON_CHAT, key("acme"))
+        denied = await served_by(c, url, JSON_CHAT, **key("acme"))
         claims = [
-            await pool(c, url, JSON_CHAT, key("acme") | {"x-speclane-tenant": "beta"}),
-            await pool(c, url, {**JSON_CHAT, "user": "beta"}, key("acme")),
-            await pool(c, url, {**JSON_CHAT, "user": "x", "tenant": "beta"}, key("acme")),
+            await served_by(c, url, JSON_CHAT, **key("acme") | {"x-speclane-tenant": "beta"}),
+            await served_by(c, url, {**JSON_CHAT, "user": "beta"}, **key("acme")),
+            await served_by(c, url, {**JSON_CHAT, "user": "x", "tenant": "beta"}, **key("acme")),
         ]
-        others = [await pool(c, url, JSON_CHAT, key("beta")), await pool(c, url, JSON_CHAT, {})]
+        others = [
+            await served_by(c, url, JSON_CHAT, **key("beta")),
+            await served_by(c, url, JSON_CHAT),
+        ]
         only_beta = {"tenants": {"allow": ["beta"]}, "reason": "beta only"}
         put = await c.put(url + "/admin/flags/speculation", json=only_beta, headers=AUTH)
         assert put.status_code == 200
-        allowed = await pool(c, url, CHAT, key("beta"))
+        allowed = await served_by(c, url, CHAT, **key("beta"))
         pretenders = [
-            await pool(c, url, CHAT, {"x-speclane-tenant": "beta"}),
-            await pool(c, url, CHAT, key("unknown") | {"x-speclane-tenant": "beta"}),
-            await pool(c, url, {**CHAT, "user": "beta"}, key("acme")),
+            await served_by(c, url, CHAT, **{"x-speclane-tenant": "beta"}),
+            await served_by(c, url, CHAT, **key("unknown") | {"x-speclane-tenant": "beta"}),
+            await served_by(c, url, {**CHAT, "user": "beta"}, **key("acme")),
         ]
     assert denied == "standard" and claims == ["standard"] * 3  # the deny list holds
     assert others == ["spec", "spec"]
@@ -81,8 +78,8 @@ async def test_a_header_names_the_tenant_only_when_the_operator_trusts_it(tmp_pa
         ) as (url, _),
         httpx.AsyncClient() as c,
     ):
-        by_proxy = await pool(c, url, JSON_CHAT, {"x-auth-tenant": "acme"})
-        by_client = await pool(c, url, JSON_CHAT, {"x-speclane-tenant": "acme"})
+        by_proxy = await served_by(c, url, JSON_CHAT, **{"x-auth-tenant": "acme"})
+        by_client = await served_by(c, url, JSON_CHAT, **{"x-speclane-tenant": "acme"})
     assert by_proxy == "standard" and by_client == "spec"
 
 
