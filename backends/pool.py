@@ -16,6 +16,7 @@ hung server. Knows nothing of policies or the gateway: pools are names here.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -52,15 +53,44 @@ class PoolSpec:
 
 
 @dataclass(slots=True)
+class InFlight:
+    """Requests in flight on one endpoint, and their exact integral over time (the load the
+    endpoint carried: its mean over any span is the integral's growth over the span)."""
+
+    clock: Callable[[], float]
+    count: int = 0
+    integral: float = 0.0
+    at: float = 0.0
+
+    def move(self, count: int) -> None:
+        now = self.clock()
+        self.integral += self.count * max(now - self.at, 0.0)
+        self.at, self.count = now, count
+
+    def area(self) -> float:
+        """The integral up to now."""
+        return self.integral + self.count * max(self.clock() - self.at, 0.0)
+
+
+@dataclass(slots=True)
 class Endpoint:
     """One server of a pool, with its live load and health."""
 
     url: str
     pool: str
     health: Health = field(default_factory=Health)
-    outstanding: int = 0
     last_pick: int = 0
     waiting: set[asyncio.Timeout] = field(default_factory=set)  # whole answers awaited
+    load: InFlight = field(default_factory=lambda: InFlight(time.monotonic))
+
+    @property
+    def outstanding(self) -> int:
+        """Requests sent to it and not yet answered."""
+        return self.load.count
+
+    @outstanding.setter
+    def outstanding(self, count: int) -> None:
+        self.load.move(count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +176,8 @@ class Pools:
         known = {(e.pool, e.url): e for group in self.endpoints.values() for e in group}
         self.endpoints = {
             s.name: [
-                known.get((s.name, url.rstrip("/"))) or Endpoint(url.rstrip("/"), s.name)
+                known.get((s.name, url.rstrip("/")))
+                or Endpoint(url.rstrip("/"), s.name, load=InFlight(self._clock))
                 for url in self._urls(s)
             ]
             for s in self.specs.values()

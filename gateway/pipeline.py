@@ -379,6 +379,8 @@ async def _forward(
             error.headers = _decision_headers(services, ask, ask.decision.pool)
             raise error from None
     services.telemetry.opened(result.spec.name, shadow=False)
+    # a stream's first event comes once its prompt is prefilled; a whole answer's, later
+    services.load.prefill(result.endpoint.url, ask.features.prompt_tokens, services.clock())
     for attempt in result.attempts:
         services.telemetry.upstream_failure(attempt.pool)
     if result.attempts or result.spec.name != ask.decision.pool:
@@ -417,6 +419,7 @@ def _mirror(services: Services, ask: Ask, labels: Labels) -> asyncio.Future[str]
     greedy = features.temperature == 0 and features.n == 1
     capture = asyncio.get_running_loop().create_future() if greedy else None
     cost = features.prompt_tokens + (features.max_tokens or _ASSUMED_OUTPUT)
-    if services.shadow.mirror(target, ask.path, ask.payload, labels, cost, capture):
+    prompt = features.prompt_tokens
+    if services.shadow.mirror(target, ask.path, ask.payload, labels, cost, capture, prompt):
         return capture
     return None

@@ -2,51 +2,69 @@
 argument.
 
 An engine step reads the weights once and then does work for every sequence in the batch,
-so its time is close to affine in the batch: ``seconds = a + b * batch``, a fixed part and
-a per-sequence part, both >= 0 (the simulator's ``CostModel`` is exactly that; a GPU is
-flat while memory-bound and then linear, which a line fitted over the batches seen follows).
+and for every prompt token it prefills: ``seconds = a + b * batch + c * prefill``, a fixed
+part, a per-sequence part and a part per prompt token prefilled in the step, all >= 0 (the
+simulator's ``CostModel`` is exactly that; a GPU is flat while memory-bound and then
+linear, which a line fitted over the batches seen follows).
 
 Every finished request with a known decode time and step count is one observation: its
 seconds per engine step, at the mean number of requests in flight on its endpoint while it
-ran (its batch, as the gateway sees it). Observations are kept as running sums weighted
-by ``1 / seconds^2`` (their noise is relative: a step at batch 60 is as noisy in percent as
-one at batch 1) that decay with a half-life, so the fit follows the pool as its traffic
-changes and costs O(1) per observation. The decay applies at the time of the question too:
-a pool that stopped being fed loses weight, and its prediction grows less certain.
+ran (its batch, as the gateway sees it) and the prompt tokens other requests prefilled on
+that endpoint while it decoded, per step (``prefill``). Engines schedule prefills into the
+same steps as decodes (vLLM's chunked prefill), so a pool that carries long prompts shows
+long steps to every sequence decoding beside them. That time is the prefilling requests'
+own cost, paid wherever they run; it is not what a sequence costs to decode. So the fit
+separates it, and a pool is judged by its decode step (``at``, prefill 0): a pool that
+alone carries long summaries is not thereby dearer for the chat it could take.
 
-The fit is a Bayesian line (``Line``): a Gaussian prior on (a, b), the data's evidence, and
-the residual noise (pooled with ``NOISE_SD`` over ``NOISE_WEIGHT`` pseudo-observations).
-The prediction's variance grows with the distance from the batches observed and with
+Observations are kept as running sums weighted by ``1 / seconds^2`` (their noise is
+relative: a step at batch 60 is as noisy in percent as one at batch 1) that decay with a
+half-life, so the fit follows the pool as its traffic changes and costs O(1) per
+observation. The decay applies at the time of the question too: a pool that stopped being
+fed loses weight, and its prediction grows less certain.
+
+The fit is Bayesian (``Line``): a Gaussian prior on (a, b, c), the data's evidence, and the
+residual noise (pooled with ``NOISE_SD`` over ``NOISE_WEIGHT`` pseudo-observations). The
+prediction's variance grows with the distance from the batches observed and with
 staleness. The prior is structural (``transfer``): pools of one ladder serve one target
-model, so another pool's line says what this one should be: the fixed part scales with the
-passes of a step (the target's, plus k draft passes of ``draft_cost`` each) and the
-per-sequence part with the tokens each sequence verifies (k + 1 on a speculative pool, 1 on
-a standard one). So a standard pool seen only at batch 1 extrapolates with the speculative
-pool's measured slope, and the data overrule the prior where they exist. Without another
-pool, a loose generic prior (``KAPPA``) stands in. Observed step times include the prefills
-that ran meanwhile, as the sequences sharing the step paid for them.
+model, so another pool's line says what this one should be: the fixed part (and the prefill
+part, which the draft model repeats) scales with the passes of a step (the target's, plus k
+draft passes of ``draft_cost`` each) and the per-sequence part with the tokens each
+sequence verifies (k + 1 on a speculative pool, 1 on a standard one). So a standard pool
+seen only at batch 1 extrapolates with the speculative pool's measured slope, and the data
+overrule the prior where they exist. Without another pool, a loose generic prior
+(``KAPPA``, ``PREFILL_KAPPA``) stands in.
 
 Physical priors, not fitted to any test: ``KAPPA`` (a sequence adds 2% of a step's fixed
 time per token it verifies: a memory-bound accelerator adds less, the simulator 3%),
-``COMMON_SD`` (another pool of the same model may run on other hardware or settings: both
-parts of its line within a factor ~1.6 of what the relation says, together),
-``TRANSFER_SD`` (the relation itself holds within ~15% for each part: the draft's cost and
-the attention share vary), ``NOISE_SD`` (one request's mean step time is within ~15% of
-the line: prefills and batch changes during its life).
+``PREFILL_KAPPA`` (a prompt token costs 0.4% of a step's fixed time: the fixed part reads
+the weights once, at the accelerator's memory bandwidth, and a prompt token is compute on
+them, so the ratio is bandwidth over peak FLOP/s, 0.0034 byte/FLOP on an H100, 0.006 in the
+simulator), ``COMMON_SD`` (another pool of the same model may run on other hardware or
+settings: every part of its line within a factor ~1.6 of what the relation says,
+together), ``TRANSFER_SD`` (the relation itself holds within ~15% for each part: the
+draft's cost and the attention share vary), ``NOISE_SD`` (one request's mean step time is
+within ~15% of the line: batch changes during its life).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 MIN_OBSERVATIONS = 3.0
 KAPPA = 0.02
+PREFILL_KAPPA = 0.004
 GENERIC_SD = 1.0  # the generic prior: each part known within a factor of e
 TRANSFER_SD = 0.15
 COMMON_SD = 0.5
 NOISE_SD = 0.15
 NOISE_WEIGHT = 3.0
+
+Vector = tuple[float, float, float]
+Matrix = tuple[Vector, Vector, Vector]
+_ZERO: Matrix = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+_PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))  # the upper triangle, row by row
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,56 +80,64 @@ class StepTime:
 
 @dataclass(frozen=True, slots=True)
 class Line:
-    """A belief about ``seconds = a + b * batch``: the means of a and b, their covariance,
-    and the weight of the pool's own (decayed) observations in it."""
+    """A belief about ``seconds = a + b * batch + c * prefill``: the means of a, b and c,
+    their covariance (in that order), and the weight of the pool's own (decayed)
+    observations in it."""
 
     a: float
     b: float
-    vaa: float
-    vab: float
-    vbb: float
+    c: float = 0.0
+    cov: Matrix = _ZERO
     observations: float = 0.0
 
-    def at(self, batch: float) -> StepTime:
-        x = max(batch, 1.0)
-        seconds = max(self.a + self.b * x, 1e-9)
-        var = max(self.vaa + 2 * x * self.vab + x * x * self.vbb, 0.0)
+    @property
+    def mean(self) -> Vector:
+        return (self.a, self.b, self.c)
+
+    def at(self, batch: float, prefill: float = 0.0) -> StepTime:
+        """The step at ``batch`` sequences with ``prefill`` prompt tokens in it (0: a decode
+        step, what a sequence pays to decode)."""
+        x = (1.0, max(batch, 1.0), max(prefill, 0.0))
+        seconds = max(_dot(self.mean, x), 1e-9)
+        var = max(_dot(x, _apply(self.cov, x)), 0.0)
         learned = self.observations >= MIN_OBSERVATIONS
         return StepTime(seconds, var / (seconds * seconds), self.observations, learned)
 
 
 @dataclass(slots=True)
 class StepFit:
-    """Decaying sums of one pool's (batch, seconds per step) observations, each weighted by
-    ``1 / seconds^2``; ``w`` is their plain (decayed) count."""
+    """Decaying sums of one pool's (batch, prefill, seconds per step) observations, each
+    weighted by ``1 / seconds^2``; ``w`` is their plain (decayed) count. ``xx`` holds the
+    weighted sums of the regressors' products (1, batch, prefill) and ``xy`` of their
+    products with the seconds."""
 
     half_life_s: float = 300.0
     tokens_per_seq: int = 1
     at: float = 0.0
     w: float = 0.0
-    s: float = 0.0
-    sx: float = 0.0
-    sxx: float = 0.0
-    sy: float = 0.0
-    sxy: float = 0.0
+    xx: list[float] = field(default_factory=lambda: [0.0] * len(_PAIRS))
+    xy: list[float] = field(default_factory=lambda: [0.0] * 3)
 
-    def add(self, now: float, batch: float, seconds: float, weight: float = 1.0) -> None:
+    def add(
+        self, now: float, batch: float, seconds: float, weight: float = 1.0, prefill: float = 0.0
+    ) -> None:
         if seconds <= 0 or weight <= 0:
             return
         self._decay(now)
-        x, omega = max(batch, 1.0), weight / (seconds * seconds)
+        x = (1.0, max(batch, 1.0), max(prefill, 0.0))
+        omega = weight / (seconds * seconds)
         self.w += weight
-        self.s += omega
-        self.sx += omega * x
-        self.sxx += omega * x * x
-        self.sy += omega * seconds
-        self.sxy += omega * x * seconds
+        for n, (i, j) in enumerate(_PAIRS):
+            self.xx[n] += omega * x[i] * x[j]
+        for i in range(3):
+            self.xy[i] += omega * x[i] * seconds
 
     def _decay(self, now: float) -> None:
         if now > self.at:
             f = self._factor(now)
-            self.w, self.s, self.sx, self.sxx = self.w * f, self.s * f, self.sx * f, self.sxx * f
-            self.sy, self.sxy = self.sy * f, self.sxy * f
+            self.w *= f
+            self.xx[:] = [v * f for v in self.xx]
+            self.xy[:] = [v * f for v in self.xy]
             self.at = now
 
     def _factor(self, now: float) -> float:
@@ -123,33 +149,42 @@ class StepFit:
 
     def mean_batch(self, now: float) -> float | None:
         """The batch the observations were taken at (weighted); None under the minimum."""
-        if self.weight(now) < MIN_OBSERVATIONS or self.s <= 0:
+        if self.weight(now) < MIN_OBSERVATIONS or self.xx[0] <= 0:
             return None
-        return self.sx / self.s
+        return self.xx[1] / self.xx[0]
+
+    def mean_prefill(self, now: float) -> float | None:
+        """The prompt tokens per step the observations were taken at (weighted)."""
+        if self.weight(now) < MIN_OBSERVATIONS or self.xx[0] <= 0:
+            return None
+        return self.xx[2] / self.xx[0]
 
     def line(self, now: float, prior: Line | None = None) -> Line | None:
         """The posterior line at ``now`` under ``prior`` (None: the generic prior, which
         needs observations). None without observations or prior."""
         f = self._factor(now)
-        n, s, sx, sxx = self.w * f, self.s * f, self.sx * f, self.sxx * f
-        sy, sxy = self.sy * f, self.sxy * f
+        n = self.w * f
+        xx = _symmetric([v * f for v in self.xx])
+        xy = (self.xy[0] * f, self.xy[1] * f, self.xy[2] * f)
         if prior is None:
-            if n <= 0 or s <= 0:
+            if n <= 0 or xx[0][0] <= 0:
                 return None
-            prior = _generic(sx / s, sy / s, KAPPA * self.tokens_per_seq)
+            s = xx[0][0]
+            mean_x, mean_y = (xx[0][1] / s, xx[0][2] / s), xy[0] / s
+            prior = _generic(mean_x, mean_y, KAPPA * self.tokens_per_seq)
         if n <= 0:
             return prior
         noise = NOISE_SD**2
         line = prior
         for _ in range(2):  # the noise from the residuals of the first pass
-            line = _posterior(prior, n, s, sx, sxx, sy, sxy, noise)
-            a, b = line.a, line.b
-            rss = n - 2 * a * sy - 2 * b * sxy + a * a * s + 2 * a * b * sx + b * b * sxx
+            line = _posterior(prior, n, xx, xy, noise)
+            beta = line.mean
+            rss = n - 2 * _dot(beta, xy) + _dot(beta, _apply(xx, beta))
             noise = (NOISE_WEIGHT * NOISE_SD**2 + max(rss, 0.0)) / (NOISE_WEIGHT + n)
         return line
 
     def predict(self, now: float, batch: float, prior: Line | None = None) -> StepTime | None:
-        """Seconds per step at ``batch``: from the pool's own observations (at least
+        """Seconds per decode step at ``batch``: from the pool's own observations (at least
         ``MIN_OBSERVATIONS`` of them, decayed) when ``prior`` is None, else from both."""
         if prior is None and self.weight(now) < MIN_OBSERVATIONS:
             return None
@@ -157,63 +192,61 @@ class StepFit:
         return None if line is None else line.at(batch)
 
 
-def _generic(x: float, y: float, per_seq: float) -> Line:
-    """A loose prior through the data's mean (x, y) with slope ``per_seq`` of the fixed
-    part per sequence."""
-    a = y / (1.0 + per_seq * x)
-    b = per_seq * a
-    return Line(a, b, (GENERIC_SD * a) ** 2, 0.0, (GENERIC_SD * b) ** 2)
+def _generic(x: tuple[float, float], y: float, per_seq: float) -> Line:
+    """A loose prior through the data's mean (x: batch and prefill, y: seconds) with slope
+    ``per_seq`` and ``PREFILL_KAPPA`` of the fixed part per sequence and per prompt token."""
+    a = y / (1.0 + per_seq * x[0] + PREFILL_KAPPA * x[1])
+    mean = (a, per_seq * a, PREFILL_KAPPA * a)
+    return Line(*mean, cov=_diagonal([(GENERIC_SD * m) ** 2 for m in mean]))
 
 
-def _posterior(
-    prior: Line,
-    n: float,
-    s: float,
-    sx: float,
-    sxx: float,
-    sy: float,
-    sxy: float,
-    noise: float,
-) -> Line:
-    """Gaussian update of ``prior`` with the weighted sums; a and b kept >= 0 (the
+def _posterior(prior: Line, n: float, xx: Matrix, xy: Vector, noise: float) -> Line:
+    """Gaussian update of ``prior`` with the weighted sums; every part kept >= 0 (the
     constrained optimum in the posterior's own metric)."""
-    det0 = prior.vaa * prior.vbb - prior.vab * prior.vab
-    if det0 <= 0:
-        p_aa, p_ab, p_bb = 1.0 / max(prior.vaa, 1e-30), 0.0, 1.0 / max(prior.vbb, 1e-30)
-    else:
-        p_aa, p_ab, p_bb = prior.vbb / det0, -prior.vab / det0, prior.vaa / det0
-    l_aa, l_ab, l_bb = p_aa + s / noise, p_ab + sx / noise, p_bb + sxx / noise
-    r_a = p_aa * prior.a + p_ab * prior.b + sy / noise
-    r_b = p_ab * prior.a + p_bb * prior.b + sxy / noise
-    det = l_aa * l_bb - l_ab * l_ab
-    a = (l_bb * r_a - l_ab * r_b) / det
-    b = (l_aa * r_b - l_ab * r_a) / det
-    if b < 0:
-        a, b = a + l_ab / l_aa * b, 0.0
-    if a < 0:
-        a, b = 0.0, max(b + l_ab / l_bb * a, 0.0)
-    return Line(max(a, 0.0), b, l_bb / det, -l_ab / det, l_aa / det, n)
+    p0 = _precision(prior.cov)
+    lam = _symmetric([p0[i][j] + xx[i][j] / noise for i, j in _PAIRS])
+    r = _add(_apply(p0, prior.mean), tuple(v / noise for v in xy))
+    beta = _non_negative(lam, r)
+    return Line(*beta, cov=_inverse(lam), observations=n)
+
+
+def _non_negative(lam: Matrix, r: Sequence[float]) -> Vector:
+    """argmin of ``b'Lb - 2r'b`` over b >= 0: parts that come out negative are pinned at 0
+    one at a time, the most negative first, and the others solved again."""
+    free = [0, 1, 2]
+    while True:
+        sub = _solve([[lam[i][j] for j in free] for i in free], [r[i] for i in free])
+        beta = [0.0, 0.0, 0.0]
+        for i, v in zip(free, sub, strict=True):
+            beta[i] = v
+        worst = min(free, key=lambda i: beta[i])
+        if beta[worst] >= 0 or len(free) == 1:
+            return (max(beta[0], 0.0), max(beta[1], 0.0), max(beta[2], 0.0))
+        free.remove(worst)
 
 
 def transfer(source: Line, k_from: int | None, k_to: int | None, draft_cost: float) -> Line:
     """What ``source`` (a pool with ``k_from`` draft tokens, None: standard) says about a
-    pool of the same model with ``k_to``: the fixed part scaled by the passes of a step,
-    the per-sequence part by the tokens each sequence verifies. On top of the source's own
-    doubt: a factor common to both parts (``COMMON_SD``: other hardware, another
-    configuration), so that the pool's own data at one batch pin it and the slope follows,
-    and ``TRANSFER_SD`` for each part alone (the structural relation itself)."""
+    pool of the same model with ``k_to``: the fixed and prefill parts scaled by the passes
+    of a step, the per-sequence part by the tokens each sequence verifies. On top of the
+    source's own doubt: a factor common to every part (``COMMON_SD``: other hardware,
+    another configuration), so that the pool's own data at one batch pin it and the slope
+    follows, and ``TRANSFER_SD`` for each part alone (the structural relation itself)."""
     k_a, k_b = k_from or 0, k_to or 0
     fa = (1.0 + k_b * draft_cost) / (1.0 + k_a * draft_cost)
     fb = (k_b + 1.0) / (k_a + 1.0)
-    a, b = source.a * fa, source.b * fb
+    f = (fa, fb, fa)
+    mean = (source.a * fa, source.b * fb, source.c * fa)
     part, common = TRANSFER_SD**2, COMMON_SD**2
-    return Line(
-        a,
-        b,
-        source.vaa * fa * fa + (part + common) * a * a,
-        source.vab * fa * fb + common * a * b,
-        source.vbb * fb * fb + (part + common) * b * b,
+    cov = _symmetric(
+        [
+            source.cov[i][j] * f[i] * f[j]
+            + common * mean[i] * mean[j]
+            + (part * mean[i] * mean[i] if i == j else 0.0)
+            for i, j in _PAIRS
+        ]
     )
+    return Line(*mean, cov=cov)
 
 
 def combine(priors: Iterable[Line]) -> Line | None:
@@ -223,14 +256,78 @@ def combine(priors: Iterable[Line]) -> Line | None:
         return None
     if len(items) == 1:
         return items[0]
-    p_aa = p_ab = p_bb = r_a = r_b = 0.0
+    total = [0.0] * len(_PAIRS)
+    r: Vector = (0.0, 0.0, 0.0)
     for line in items:
-        det = max(line.vaa * line.vbb - line.vab * line.vab, 1e-30)
-        q_aa, q_ab, q_bb = line.vbb / det, -line.vab / det, line.vaa / det
-        p_aa, p_ab, p_bb = p_aa + q_aa, p_ab + q_ab, p_bb + q_bb
-        r_a += q_aa * line.a + q_ab * line.b
-        r_b += q_ab * line.a + q_bb * line.b
-    det = p_aa * p_bb - p_ab * p_ab
-    a = (p_bb * r_a - p_ab * r_b) / det
-    b = (p_aa * r_b - p_ab * r_a) / det
-    return Line(a, b, p_bb / det, -p_ab / det, p_aa / det)
+        q = _precision(line.cov)
+        total = [t + q[i][j] for t, (i, j) in zip(total, _PAIRS, strict=True)]
+        r = _add(r, _apply(q, line.mean))
+    precision = _symmetric(total)
+    a, b, c = _solve([list(row) for row in precision], list(r))
+    return Line(a, b, c, cov=_inverse(precision))
+
+
+# --- 3 x 3 algebra ------------------------------------------------------------------------
+
+
+def _dot(u: Sequence[float], v: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(u, v, strict=True))
+
+
+def _add(u: Sequence[float], v: Sequence[float]) -> Vector:
+    return (u[0] + v[0], u[1] + v[1], u[2] + v[2])
+
+
+def _apply(m: Matrix, v: Sequence[float]) -> Vector:
+    return (_dot(m[0], v), _dot(m[1], v), _dot(m[2], v))
+
+
+def _symmetric(upper: Sequence[float]) -> Matrix:
+    """The symmetric matrix of an upper triangle given row by row (``_PAIRS``' order)."""
+    a, b, c, d, e, f = upper
+    return ((a, b, c), (b, d, e), (c, e, f))
+
+
+def _diagonal(values: Sequence[float]) -> Matrix:
+    return _symmetric([values[0], 0.0, 0.0, values[1], 0.0, values[2]])
+
+
+def _solve(m: list[list[float]], r: list[float]) -> list[float]:
+    """``m x = r`` by elimination with partial pivoting; a singular direction solves to 0."""
+    n = len(r)
+    rows = [[*m[i], r[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda i: abs(rows[i][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        if rows[col][col] == 0.0:
+            continue
+        for i in range(col + 1, n):
+            f = rows[i][col] / rows[col][col]
+            rows[i] = [x - f * y for x, y in zip(rows[i], rows[col], strict=True)]
+    out = [0.0] * n
+    for i in reversed(range(n)):
+        if rows[i][i] != 0.0:
+            rest = sum(rows[i][j] * out[j] for j in range(i + 1, n))
+            out[i] = (rows[i][n] - rest) / rows[i][i]
+    return out
+
+
+def _inverse(m: Matrix) -> Matrix:
+    columns = [
+        _solve([list(row) for row in m], [float(i == j) for i in range(3)]) for j in range(3)
+    ]
+    return _symmetric([(columns[j][i] + columns[i][j]) / 2 for i, j in _PAIRS])
+
+
+def _precision(cov: Matrix) -> Matrix:
+    """The inverse of a covariance; a degenerate one (a part known exactly, or not at all)
+    by its diagonal."""
+    det = (
+        cov[0][0] * (cov[1][1] * cov[2][2] - cov[1][2] * cov[2][1])
+        - cov[0][1] * (cov[1][0] * cov[2][2] - cov[1][2] * cov[2][0])
+        + cov[0][2] * (cov[1][0] * cov[2][1] - cov[1][1] * cov[2][0])
+    )
+    scale = cov[0][0] * cov[1][1] * cov[2][2]
+    if det <= 1e-12 * scale or scale <= 0:
+        return _diagonal([1.0 / max(cov[i][i], 1e-30) for i in range(3)])
+    return _inverse(cov)

@@ -79,7 +79,9 @@ class Labels:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What one finished, failed or cancelled request taught us."""
+    """What one finished, failed or cancelled request taught us. ``load`` and ``prefill``
+    are what its endpoint carried while it ran (``gateway/measure/load.py``): the mean
+    requests in flight, and the prompt tokens other requests prefilled per step it decoded."""
 
     labels: Labels
     status: Status
@@ -99,6 +101,7 @@ class Outcome:
     steps: int | None = None
     decode_s: float | None = None
     load: float | None = None
+    prefill: float | None = None
     admission_s: float | None = None
     queue_s: float | None = None
     checks: tuple[tuple[str, str], ...] = ()

@@ -1,8 +1,10 @@
-"""Load as the economic guardrail needs it: requests in flight per endpoint, over time.
+"""Load as the economic guardrail needs it: requests in flight per endpoint, over time, and
+the prompt tokens each endpoint prefilled.
 
-Two views, both from the pools' own in-flight counts (``Endpoint.outstanding``, which the
-gateway raises when it sends a request and lowers when the answer ends, shadow mirrors
-included), sampled every ``interval_s`` by a background task:
+Two views of the load, from the pools' own in-flight counts (``Endpoint.outstanding``, which
+the gateway raises when it sends a request and lowers when the answer ends, shadow mirrors
+included, and integrates exactly over time: ``Endpoint.load``), read every ``interval_s`` by
+a background task:
 
 - per endpoint, the time integral of in-flight requests (kept for ``history_s``), so an
   outcome's mean load over its life is (integral at its end - integral at its start) / its
@@ -14,18 +16,31 @@ included), sampled every ``interval_s`` by a background task:
 
 An endpoint's own count of the requests it runs and queues (``vllm:num_requests_running``
 plus ``..._waiting``, read by ``gateway/measure/loadscrape.py``) also counts other gateway
-replicas' requests: an endpoint's load is the larger of the two while the reading is
-fresh. Never awaits on the request path; ``sample`` is O(endpoints).
+replicas' requests. What it counts beyond this replica's own requests at the moment of the
+reading (smoothed over readings, never below 0) is added to the endpoint's load until the
+reading goes stale: the others' share. A reading is a snapshot, taken every few seconds:
+taking the larger of it and the replica's own count would hold a moment's peak as a floor
+until the next reading, and a meter that reads load too high where it is low flattens the
+step-time line it feeds (``policies/steptime.py``).
+
+Prefills: the gateway tells the meter when an endpoint prefilled a prompt (a stream's first
+event comes once its prompt is prefilled; a whole answer's when it arrives) and how many
+tokens it had, so an outcome can say how many prompt tokens shared the steps it decoded in
+(``prefilled``): engines schedule prefills into the steps of the sequences decoding beside
+them.
+
+Never awaits on the request path; ``sample`` is O(endpoints), a question O(log history).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from bisect import bisect_left
-from collections import deque
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from gateway.measure.acceptance import Outcome
 
 
 @dataclass(slots=True)
@@ -53,28 +68,44 @@ class _Endpoint:
     count: float = 0.0
     area: float = 0.0
     at: float = 0.0
-    scraped: float = 0.0
+    own_area: float = 0.0
+    others: float | None = None
+    others_area: float = 0.0
     scraped_at: float = -math.inf
-    history: deque[tuple[float, float]] = field(default_factory=deque)
+    times: list[float] = field(default_factory=list)
+    areas: list[float] = field(default_factory=list)
+    prefill_times: list[float] = field(default_factory=list)
+    prefilled: list[float] = field(default_factory=list)
 
     def area_at(self, t: float) -> float:
         """The integral up to ``t``, interpolated between samples."""
         if t >= self.at:
             return self.area + self.count * (t - self.at)
-        times = [h[0] for h in self.history]
-        i = bisect_left(times, t)
+        i = bisect_left(self.times, t)
         if i == 0:
-            return self.history[0][1] if self.history else 0.0
-        (t0, a0), (t1, a1) = self.history[i - 1], self.history[i]
+            return self.areas[0] if self.areas else 0.0
+        t0, t1, a0, a1 = self.times[i - 1], self.times[i], self.areas[i - 1], self.areas[i]
         return a0 + (a1 - a0) * (t - t0) / (t1 - t0) if t1 > t0 else a1
+
+    def prefilled_by(self, t: float) -> float:
+        """Prompt tokens prefilled up to and including ``t``."""
+        i = bisect_right(self.prefill_times, t)
+        return self.prefilled[i - 1] if i else 0.0
+
+    def forget(self, before: float) -> None:
+        for times, values in ((self.times, self.areas), (self.prefill_times, self.prefilled)):
+            i = bisect_left(times, before)
+            if i > len(times) // 2:  # in halves: amortised O(1) per sample
+                del times[:i], values[:i]
 
 
 class LoadMeter:
-    """In-flight requests per endpoint and per ladder (module docstring)."""
+    """In-flight requests per endpoint and per ladder, and prefills per endpoint (module
+    docstring)."""
 
     def __init__(
         self,
-        counts: Callable[[], Mapping[str, Sequence[tuple[str, int]]]],
+        counts: Callable[[], Mapping[str, Sequence[tuple[str, int, float]]]],
         ladders: Callable[[], Mapping[str, Sequence[str]]],
         *,
         tau_s: float = 10.0,
@@ -90,35 +121,66 @@ class LoadMeter:
         self._models: dict[str, Smoothed] = {}
 
     def sample(self, now: float) -> None:
-        """Read every endpoint's in-flight count; integrate and smooth."""
+        """Read every endpoint's in-flight count and integral; smooth the ladders' loads."""
         per_pool: dict[str, list[float]] = {}
         for pool, endpoints in self._counts().items():
             loads = per_pool.setdefault(pool, [])
-            for raw, outstanding in endpoints:
-                url = raw.rstrip("/")
-                e = self._endpoints.get(url)
-                if e is None:
-                    e = self._endpoints[url] = _Endpoint(at=now)
-                e.area += e.count * (now - e.at)
-                e.at = now
-                e.history.append((now, e.area))
-                while e.history and e.history[0][0] < now - self._history_s:
-                    e.history.popleft()
-                count = float(outstanding)
-                if now - e.scraped_at <= self._fresh_s:
-                    count = max(count, e.scraped)
-                e.count = count
-                loads.append(count)
+            for raw, outstanding, own_area in endpoints:
+                e = self._endpoint(raw, now)
+                loads.append(self._advance(e, now, outstanding, own_area))
         for model, pools in self._ladders().items():
             loads = [x for p in pools for x in per_pool.get(p, ())]
             if loads:
                 smoothed = self._models.setdefault(model, Smoothed(self._tau_s))
                 smoothed.observe(now, sum(loads) / len(loads))
 
-    def scraped(self, url: str, running: float, now: float) -> None:
-        """A fresh reading of the requests one endpoint runs and queues, by its own count."""
-        e = self._endpoints.setdefault(url.rstrip("/"), _Endpoint(at=now))
-        e.scraped, e.scraped_at = running, now
+    def _endpoint(self, url: str, now: float) -> _Endpoint:
+        key = url.rstrip("/")
+        e = self._endpoints.get(key)
+        if e is None:
+            e = self._endpoints[key] = _Endpoint(at=now)
+        return e
+
+    def _advance(self, e: _Endpoint, now: float, outstanding: int, own_area: float) -> float:
+        """Integrate one endpoint up to ``now``: its own requests exactly (``own_area``, the
+        pool's integral; a new endpoint object starts its integral again), the others' share
+        as a step between readings."""
+        dt = max(now - e.at, 0.0)
+        own = own_area - e.own_area if own_area >= e.own_area else outstanding * dt
+        e.own_area = own_area
+        others = e.others if e.others is not None and now - e.scraped_at <= self._fresh_s else 0.0
+        others = max(others, 0.0)
+        e.area += own + others * dt
+        e.at = now
+        e.count = outstanding + others
+        e.times.append(now)
+        e.areas.append(e.area)
+        e.forget(now - self._history_s)
+        return e.count
+
+    def scraped(self, url: str, running: float, own: int, now: float) -> None:
+        """A fresh reading of the requests one endpoint runs and queues, by its own count,
+        taken while this replica had ``own`` requests in flight there."""
+        e = self._endpoint(url, now)
+        beyond = running - own
+        e.others = beyond if e.others is None else 0.5 * e.others + 0.5 * beyond
+        e.scraped_at = now
+
+    def prefill(self, url: str, tokens: int, now: float) -> None:
+        """``url`` prefilled a prompt of ``tokens`` by ``now``."""
+        e = self._endpoint(url, now)
+        total = (e.prefilled[-1] if e.prefilled else 0.0) + max(tokens, 0)
+        if e.prefill_times and now < e.prefill_times[-1]:
+            now = e.prefill_times[-1]  # the clock is monotonic; a tie keeps the order
+        e.prefill_times.append(now)
+        e.prefilled.append(total)
+
+    def prefilled(self, url: str, since: float, until: float) -> float:
+        """Prompt tokens ``url`` prefilled after ``since`` and by ``until``."""
+        e = self._endpoints.get(url.rstrip("/"))
+        if e is None or until <= since:
+            return 0.0
+        return e.prefilled_by(until) - e.prefilled_by(since)
 
     def mean(self, url: str, since: float, now: float) -> float | None:
         """Mean in-flight requests on ``url`` between ``since`` and ``now`` (at least 1: the
@@ -137,3 +199,15 @@ class LoadMeter:
         while True:
             self.sample(clock())
             await asyncio.sleep(interval_s)
+
+
+def loaded_outcome(load: LoadMeter, outcome: Outcome) -> Outcome:
+    """``outcome`` with the load it ran at: the mean requests in flight on its endpoint over
+    its life, and the prompt tokens its endpoint prefilled per step while it decoded."""
+    url, end = outcome.labels.endpoint, outcome.started_at + outcome.duration_s
+    mean = load.mean(url, outcome.started_at, end)
+    prefill = None
+    if outcome.ttft_s is not None and outcome.decode_s and outcome.steps:
+        first = outcome.started_at + outcome.ttft_s
+        prefill = load.prefilled(url, first, first + outcome.decode_s) / outcome.steps
+    return replace(outcome, load=mean or outcome.load, prefill=prefill)

@@ -92,7 +92,7 @@ class LoadScraper:
                 self._pools.failed(endpoint)
             return
         if value is not None:
-            self._load.scraped(url, value, self._clock())
+            self._load.scraped(url, value, endpoint.outstanding, self._clock())
 
     async def run(self, interval_s: float) -> None:
         while True:

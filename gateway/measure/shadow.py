@@ -74,6 +74,7 @@ class ShadowRunner:
         limits: ShadowLimits = ShadowLimits(),
         canary: CanaryLimits = CanaryLimits(),
         alarm: Callable[[str, CanaryCounts], None] | None = None,
+        prefilled: Callable[[str, int, float], None] | None = None,
     ) -> None:
         self._pools = pools
         self._clock = clock
@@ -82,6 +83,7 @@ class ShadowRunner:
         self._limits = limits
         self._canary = canary
         self._alarm = alarm
+        self._prefilled = prefilled  # told each mirror's prompt, once its stream opens
         self._budget = TokenBucket(limits.tokens_per_minute, clock())
         self._tasks: set[asyncio.Task[None]] = set()
         self.canary: dict[str, CanaryCounts] = {}
@@ -98,6 +100,7 @@ class ShadowRunner:
         labels: Labels,
         cost_tokens: int,
         primary_text: asyncio.Future[str] | None = None,
+        prompt_tokens: int = 0,
     ) -> bool:
         """Start a mirror unless a bound says no; True when it started."""
         reason = self._refusal(pool, cost_tokens)
@@ -106,7 +109,14 @@ class ShadowRunner:
             return False
         body = orjson.dumps(payload | {"stream": True, "stream_options": {"include_usage": True}})
         task = asyncio.create_task(
-            self._run(pool, path, body, replace(labels, pool=pool, shadow=True), primary_text)
+            self._run(
+                pool,
+                path,
+                body,
+                replace(labels, pool=pool, shadow=True),
+                primary_text,
+                prompt_tokens,
+            )
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -130,11 +140,14 @@ class ShadowRunner:
         body: bytes,
         labels: Labels,
         primary_text: asyncio.Future[str] | None,
+        prompt_tokens: int,
     ) -> None:
         try:
             async with asyncio.timeout(self._limits.timeout_s):
                 opened = await self._pools.open((pool,), path, body, _HEADERS)
                 self._telemetry.opened(pool, shadow=True)
+                if self._prefilled is not None:
+                    self._prefilled(opened.endpoint.url, prompt_tokens, self._clock())
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
                 relay = Relay(
                     opened,

@@ -3,8 +3,9 @@ exploration that keeps a pool's line fed while some slice's judgement hinges on 
 
 Every outcome teaches the line of the pool that served it (``policies/steptime.py``),
 whichever slice sent it: decode seconds over decode steps, at the outcome's mean load on its
-endpoint. A pool's line is asked for under a prior carried over from the other pools of its
-ladder. O(1) per outcome; never awaits. A ladder's lines are the same for every slice that
+endpoint and the prompt tokens prefilled beside it per step; the line is asked at no
+prefill (a decode step). A pool's line is asked for under a prior carried over from the
+other pools of its ladder. O(1) per outcome; never awaits. A ladder's lines are the same for every slice that
 asks at about the same time, so each is computed at most every ``LINE_FRESH_S`` (and again
 as soon as a pool is seen for the first time): a line moves by a fraction of its own doubt
 in that time.
@@ -64,7 +65,7 @@ class StepTimes:
             per_seq = (outcome.labels.k or 0) + 1
             fit = self.fits[outcome.labels.pool] = StepFit(tokens_per_seq=per_seq)
             self._lines.clear()
-        fit.add(now, load, per_step)
+        fit.add(now, load, per_step, prefill=outcome.prefill or 0.0)
 
     def line(self, ladder: Ladder, i: int, draft_cost: float, now: float) -> Line | None:
         """Pool ``i``'s line: its own observations under the prior the others give."""
@@ -142,6 +143,7 @@ class StepTimes:
                 "step_ms_at_mean_batch": None,
                 "fixed_ms": None,
                 "per_sequence_ms": None,
+                "per_prefill_token_ms": None,
             }
         batch = fit.mean_batch(now)
         return {
@@ -150,4 +152,5 @@ class StepTimes:
             "step_ms_at_mean_batch": line.at(batch or 1.0).seconds * 1000,
             "fixed_ms": line.a * 1000,
             "per_sequence_ms": line.b * 1000,
+            "per_prefill_token_ms": line.c * 1000,
         }

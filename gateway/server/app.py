@@ -10,7 +10,6 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -37,7 +36,7 @@ from gateway.lifecycle import (
 from gateway.measure.acceptance import Outcome
 from gateway.measure.checks import Checks
 from gateway.measure.livestats import LiveStats
-from gateway.measure.load import LoadMeter
+from gateway.measure.load import LoadMeter, loaded_outcome
 from gateway.measure.loadscrape import LoadScraper
 from gateway.measure.outcomelog import OutcomeLog
 from gateway.measure.requestlog import RequestLog
@@ -91,7 +90,7 @@ def build_services(
     )
     load = LoadMeter(
         lambda: {
-            name: [(e.url, e.outstanding) for e in endpoints]
+            name: [(e.url, e.outstanding, e.load.area()) for e in endpoints]
             for name, endpoints in pools.endpoints.items()
         },
         lambda: {model: ladder.pools for model, ladder in holder.current.ladders.items()},
@@ -117,9 +116,7 @@ def build_services(
     )
 
     def record(outcome: Outcome) -> None:
-        end = outcome.started_at + outcome.duration_s
-        mean = load.mean(outcome.labels.endpoint, outcome.started_at, end)
-        loaded = replace(outcome, load=mean) if mean else outcome
+        loaded = loaded_outcome(load, outcome)
         now = wall()
         stats.record(loaded, now)
         telemetry.observe(loaded)
@@ -145,6 +142,7 @@ def build_services(
         ),
         CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples),
         alarm,
+        load.prefill,
     )
     state = _state(settings, flags, stats, holder, telemetry, wall)
     services = Services(

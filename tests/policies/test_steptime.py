@@ -9,6 +9,12 @@ import pytest
 
 from policies.steptime import Line, StepFit, combine, transfer
 
+
+def ab_line(a: float, b: float, vaa: float, vab: float, vbb: float) -> Line:
+    """A belief about a and b alone: no prefill part."""
+    return Line(a, b, 0.0, ((vaa, vab, 0.0), (vab, vbb, 0.0), (0.0, 0.0, 0.0)))
+
+
 SPEC_K = 4
 
 
@@ -53,7 +59,7 @@ def test_a_pool_that_is_no_longer_fed_grows_uncertain():
     stale = fit.predict(2.0 + 1200, 4)  # four half-lives later, nothing new
     assert fresh is not None and fresh.learned
     assert stale is None  # its own observations weigh under the minimum now
-    prior = transfer(Line(0.036, 0.0042, 1e-8, 0.0, 1e-10), SPEC_K, None, 0.1)
+    prior = transfer(ab_line(0.036, 0.0042, 1e-8, 0.0, 1e-10), SPEC_K, None, 0.1)
     with_prior_fresh, with_prior_stale = fit.predict(2.0, 4, prior), fit.predict(1202, 4, prior)
     assert with_prior_fresh is not None and with_prior_stale is not None
     assert not with_prior_stale.learned
@@ -72,7 +78,7 @@ def test_a_standard_pool_seen_only_at_batch_one_takes_its_slope_from_the_specula
     alone = standard.predict(30.0, 31)  # the generic prior knows less
     assert alone is not None and alone.log_var > at_31.log_var
     # the standard pool's own data at many batches overrule a prior that is off by 2x
-    wrong = Line(prior.a, prior.b * 2, prior.vaa, prior.vab, prior.vbb)
+    wrong = Line(prior.a, prior.b * 2, prior.c, prior.cov)
     wide = fed(None, [random.Random(i).uniform(1, 60) for i in range(400)], noise=0.05)
     corrected = wide.predict(40.0, 31, wrong)
     assert corrected is not None
@@ -80,11 +86,11 @@ def test_a_standard_pool_seen_only_at_batch_one_takes_its_slope_from_the_specula
 
 
 def test_transfer_scales_the_fixed_part_by_passes_and_the_slope_by_verified_tokens():
-    standard = Line(0.025, 0.0008, 0.0, 0.0, 0.0)
+    standard = Line(0.025, 0.0008)
     spec = transfer(standard, None, SPEC_K, 0.108)
     assert spec.a == pytest.approx(0.025 * (1 + 4 * 0.108))
     assert spec.b == pytest.approx(0.0008 * 5)
-    assert spec.vab > 0  # one common factor: knowing one part says something of the other
+    assert spec.cov[0][1] > 0  # one common factor: knowing one part says something of the other
     back = transfer(spec, SPEC_K, 3, 0.108)
     assert back.b == pytest.approx(0.0008 * 4)
 
@@ -95,8 +101,8 @@ def test_parts_stay_non_negative_and_priors_combine_by_precision():
         fit.add(i, 1 + i % 10, 0.03 - 0.0005 * (i % 10))
     line = fit.line(50.0)
     assert line is not None and line.b >= 0 and line.a > 0
-    sure = Line(0.03, 0.001, 1e-8, 0.0, 1e-10)
-    vague = Line(0.05, 0.003, 1e-4, 0.0, 1e-6)
+    sure = ab_line(0.03, 0.001, 1e-8, 0.0, 1e-10)
+    vague = ab_line(0.05, 0.003, 1e-4, 0.0, 1e-6)
     both = combine([sure, vague])
     assert both is not None and both.a == pytest.approx(0.03, rel=0.01)
     assert combine([]) is None
