@@ -1,7 +1,8 @@
 """Every gateway replica's traffic in the load meter: each endpoint's own count of the
 requests it runs and queues, read from its metrics page and handed to
-``LoadMeter.scraped`` (``gateway/measure/load.py``), which counts an endpoint's load as the
-larger of that and this replica's own requests in flight while the reading is fresh.
+``LoadMeter.scraped`` (``gateway/measure/load.py``) with this replica's own requests in flight
+there at the moment of the reading: what the endpoint counts beyond them is other
+replicas' load, added to this replica's own while the reading is fresh.
 
 Read on every pool of every ladder, standard ones included, every ``interval_s``: vLLM's and
 vllm-neuron's ``vllm:num_requests_running`` plus ``vllm:num_requests_waiting``, SGLang's

@@ -106,3 +106,44 @@ def test_parts_stay_non_negative_and_priors_combine_by_precision():
     both = combine([sure, vague])
     assert both is not None and both.a == pytest.approx(0.03, rel=0.01)
     assert combine([]) is None
+
+
+def sim_step_with_prefill(batch: float, prefill: float, k: int | None) -> float:
+    """The simulator's CostModel for a step that also prefills ``prefill`` prompt tokens."""
+    return sim_step(batch, k) + 0.00015 * prefill
+
+
+def test_prefills_sharing_the_steps_are_told_apart_from_the_decode_step():
+    # a standard pool that carries long prompts: the more of them share a request's steps,
+    # the longer its steps; more of them come with more load (a surge)
+    rng = random.Random(7)
+    fit = StepFit()
+    naive = StepFit()
+    for i in range(600):
+        batch = rng.uniform(2, 30)
+        prefill = max(rng.gauss(8 * batch, 40), 0.0)  # prompt tokens per step beside it
+        seconds = sim_step_with_prefill(batch, prefill, None) * (1 + rng.gauss(0, 0.03))
+        fit.add(i * 0.2, batch, seconds, prefill=prefill)
+        naive.add(i * 0.2, batch, seconds)
+    line, blind = fit.line(120.0), naive.line(120.0)
+    assert line is not None and blind is not None
+    assert line.b == pytest.approx(0.0008, rel=0.15)
+    assert line.c == pytest.approx(0.00015, rel=0.15)
+    decode = line.at(25)  # what a sequence pays to decode at batch 25
+    assert decode.seconds == pytest.approx(sim_step(25, None), rel=0.05)
+    # a fit blind to the prefills reads their cost as a per-sequence cost: twice the slope
+    assert blind.b > 2 * 0.0008
+
+
+def test_a_prefill_part_the_data_cannot_tell_stays_near_its_prior():
+    # every observation carries the same prefill: the fit cannot tell it from the fixed part,
+    # and the decode step it reports is the observed step less what the prior says of it
+    fit = StepFit()
+    for i in range(300):
+        batch = 2 + i % 20
+        fit.add(i * 0.1, batch, sim_step_with_prefill(batch, 50.0, None), prefill=50.0)
+    line = fit.line(30.0)
+    assert line is not None
+    observed = sim_step_with_prefill(10, 50.0, None)
+    assert line.at(10, 50.0).seconds == pytest.approx(observed, rel=0.02)
+    assert sim_step(10, None) * 0.9 < line.at(10).seconds <= observed

@@ -1,0 +1,97 @@
+"""The load meter: requests in flight per endpoint, integrated exactly; other replicas' share
+from the endpoints' own counts; prompts prefilled beside a request."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.pool import InFlight
+from gateway.measure.acceptance import Labels, Outcome, Signal, Status
+from gateway.measure.load import LoadMeter, loaded_outcome
+
+URL = "http://spec:8000"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def meter(flight: InFlight, fresh_s: float = 15.0) -> LoadMeter:
+    return LoadMeter(
+        lambda: {"spec": [(URL, flight.count, flight.area())]},
+        lambda: {"m": ["spec"]},
+        gauge_fresh_s=fresh_s,
+    )
+
+
+def test_the_load_between_samples_is_integrated_exactly():
+    clock = Clock()
+    flight = InFlight(clock)
+    load = meter(flight)
+    load.sample(0.0)
+    for at, count in ((0.1, 1), (0.2, 2), (0.3, 1), (0.35, 4)):  # moves between samples
+        clock.now = at
+        flight.move(count)
+    clock.now = 1.0
+    load.sample(1.0)
+    exact = 0.1 * 0 + 0.1 * 1 + 0.1 * 2 + 0.05 * 1 + 0.65 * 4
+    assert load.mean(URL, 0.0, 1.0) == pytest.approx(exact)
+    # a count sampled at 0 and at 1 alone would say 0 for the first second
+
+
+def test_a_gauge_adds_what_other_replicas_send_and_holds_no_moment_as_a_floor():
+    clock = Clock()
+    flight = InFlight(clock)
+    load = meter(flight, fresh_s=10.0)
+    flight.move(4)
+    load.sample(0.0)
+    load.scraped(URL, 4.0, own=4, now=0.0)  # the engine counts exactly ours
+    clock.now = 1.0
+    flight.move(1)  # three of ours finished
+    load.sample(1.0)
+    clock.now = 2.0
+    load.sample(2.0)
+    assert load.mean(URL, 1.0, 2.0) == pytest.approx(1.0)  # not 4 until the next reading
+    load.scraped(URL, 7.0, own=1, now=2.0)  # six requests of other replicas
+    clock.now = 3.0
+    load.sample(3.0)
+    assert 3.0 <= load.mean(URL, 2.0, 3.0) <= 7.0  # smoothed towards 1 + 6
+    clock.now = 20.0
+    load.sample(20.0)  # the reading went stale: ours alone again
+    clock.now = 21.0
+    load.sample(21.0)
+    assert load.mean(URL, 20.0, 21.0) == pytest.approx(1.0)
+
+
+def test_prompts_prefilled_while_a_request_decoded_are_counted_per_step():
+    clock = Clock()
+    flight = InFlight(clock)
+    load = meter(flight)
+    load.sample(0.0)
+    load.prefill(URL, 200, 0.5)  # the request itself: prefilled before its first token
+    load.prefill(URL, 5000, 2.0)
+    load.prefill(URL, 1000, 3.0)
+    load.prefill(URL, 9999, 7.0)  # after it ended
+    assert load.prefilled(URL, 0.5, 6.0) == 6000
+    labels = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
+    outcome = Outcome(
+        labels=labels,
+        status=Status.OK,
+        started_at=0.0,
+        duration_s=6.0,
+        ttft_s=0.5,
+        tpot_s=0.05,
+        prompt_tokens=200,
+        completion_tokens=101,
+        chunks=41,
+        signal=Signal.PER_REQUEST,
+        steps=40,
+        decode_s=5.5,
+    )
+    clock.now = 6.0
+    load.sample(6.0)
+    assert loaded_outcome(load, outcome).prefill == pytest.approx(6000 / 40)
