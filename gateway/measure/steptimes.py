@@ -5,8 +5,8 @@ Every outcome teaches the line of the pool that served it (``policies/steptime.p
 whichever slice sent it: decode seconds over decode steps, at the outcome's mean load on its
 endpoint and the prompt tokens prefilled beside it per step; the line is asked at no
 prefill (a decode step). A pool's line is asked for under a prior carried over from the
-other pools of its ladder. O(1) per outcome; never awaits. A ladder's lines are the same for every slice that
-asks at about the same time, so each is computed at most every ``LINE_FRESH_S`` (and again
+other pools of its ladder. O(1) per outcome; never awaits. A ladder's lines are the same
+for every slice that asks at about the same time, so each is computed at most every ``LINE_FRESH_S`` (and again
 as soon as a pool is seen for the first time): a line moves by a fraction of its own doubt
 in that time.
 
