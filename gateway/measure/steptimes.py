@@ -6,9 +6,9 @@ whichever slice sent it: decode seconds over decode steps, at the outcome's mean
 endpoint and the prompt tokens prefilled beside it per step; the line is asked at no
 prefill (a decode step). A pool's line is asked for under a prior carried over from the
 other pools of its ladder. O(1) per outcome; never awaits. A ladder's lines are the same
-for every slice that asks at about the same time, so each is computed at most every ``LINE_FRESH_S`` (and again
-as soon as a pool is seen for the first time): a line moves by a fraction of its own doubt
-in that time.
+for every slice that asks at about the same time, so each is computed at most every
+``LINE_FRESH_S`` (and again as soon as a pool is seen for the first time): a line moves by
+a fraction of its own doubt in that time.
 
 Exploration: a pool that serves no slice is not observed, and its line goes stale. While
 some slice's judgement hinges on it (``policies/economics.py: hinges``), a share of the
