@@ -23,16 +23,16 @@ from backends.retries import BreakBudget
 from gateway import schema
 from gateway.classify import classify
 from gateway.errors import JSON, ApiError, from_backend, rejected
+from gateway.forward.headers import decision_headers
+from gateway.forward.passthrough import one_answer, passes_through, stream_options
+from gateway.forward.relay import Relay
+from gateway.forward.respond import SSEResponse, cancelled_on_disconnect
+from gateway.forward.shadow import answer_text
 from gateway.identity import remembered
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
 from gateway.measure.engine_metrics import engine_timed
-from gateway.measure.shadow import answer_text
 from gateway.measure.tracing import Trace
 from gateway.measure.validity import Collected, Expectation, expect
-from gateway.server.headers import decision_headers
-from gateway.server.passthrough import one_answer, passes_through, stream_options
-from gateway.server.respond import SSEResponse, cancelled_on_disconnect
-from gateway.server.streaming import Relay
 from gateway.services import Services
 from policies.decide import decide
 from policies.decision import Decision

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
+from gateway.forward.passthrough import PerRequestReports
+from gateway.forward.shadow import ShadowRunner
+from gateway.gate import Gate
 from gateway.identity import Identity
 from gateway.measure.acceptance import Outcome
 from gateway.measure.checks import Checks
@@ -17,11 +20,8 @@ from gateway.measure.loadscrape import LoadScraper
 from gateway.measure.outcomelog import OutcomeLog
 from gateway.measure.requestlog import RequestLog
 from gateway.measure.scrape import PoolScraper
-from gateway.measure.shadow import ShadowRunner
 from gateway.measure.signals import SignalsSeen
 from gateway.measure.telemetry import Telemetry
-from gateway.server.gate import Gate
-from gateway.server.passthrough import PerRequestReports
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore
 from gateway.state.memory import SharedState

@@ -26,6 +26,9 @@ from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
 from gateway.errors import ApiError, api_error_handler, internal_error
+from gateway.forward.passthrough import PerRequestReports
+from gateway.forward.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
+from gateway.gate import Gate
 from gateway.identity import Identity
 from gateway.lifecycle import (
     discover,
@@ -42,15 +45,12 @@ from gateway.measure.loadscrape import LoadScraper
 from gateway.measure.outcomelog import OutcomeLog
 from gateway.measure.requestlog import RequestLog
 from gateway.measure.scrape import PoolScraper
-from gateway.measure.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
 from gateway.measure.signals import SignalsSeen
 from gateway.measure.telemetry import Telemetry
 from gateway.server.admin import Admin
 from gateway.server.api import Api
 from gateway.server.console.routes import console_routes
 from gateway.server.fastlane import FastLane
-from gateway.server.gate import Gate
-from gateway.server.passthrough import PerRequestReports
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore

@@ -19,7 +19,7 @@ from types import FrameType
 
 import uvicorn
 
-from gateway.server.gate import Gate
+from gateway.gate import Gate
 
 log = logging.getLogger(__name__)
 

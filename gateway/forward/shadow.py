@@ -26,10 +26,10 @@ import orjson
 from backends.errors import BackendError
 from backends.pool import Pools
 from gateway.errors import ApiError
+from gateway.forward.relay import Relay
 from gateway.measure.acceptance import Fold, Labels, Outcome
 from gateway.measure.budget import TokenBucket
 from gateway.measure.telemetry import Telemetry
-from gateway.server.streaming import Relay
 
 log = logging.getLogger(__name__)
 _HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}

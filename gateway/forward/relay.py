@@ -23,9 +23,9 @@ from backends.errors import StreamBroken, UpstreamRejected
 from backends.pool import Opened
 from backends.upstream import DONE
 from gateway.errors import ApiError
+from gateway.forward.assemble import Assembler
 from gateway.measure.acceptance import Fold, Outcome, Status
 from gateway.measure.validity import Collected
-from gateway.server.assemble import Assembler
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 
