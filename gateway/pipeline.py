@@ -17,12 +17,12 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from backends.errors import BackendError, UpstreamRejected
+from backends.errors import BackendError, StreamBroken, UpstreamRejected
 from backends.pool import Attempt, Completed, Opened, PoolSpec
 from backends.retries import BreakBudget
 from gateway import schema
 from gateway.classify import classify
-from gateway.errors import JSON, ApiError, from_backend, rejected
+from gateway.errors import JSON, ApiError, UpstreamErrorEvent, broke, from_backend, rejected
 from gateway.forward.headers import decision_headers
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
@@ -42,12 +42,11 @@ T = TypeVar("T", Opened, Completed)
 _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
 _SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-_BROKEN = "upstream_stream_broken"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _OPERATION = {"chat": "chat", "completion": "text_completion"}  # GenAI conventions' names
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Ask:
     """One request after steps 1-4: what was asked, of whom, and what the policy decided."""
 
@@ -73,7 +72,7 @@ async def complete(
     request_id = _request_id(request.headers.get("x-request-id"))
     trace = services.telemetry.tracing.begin(request.headers, _OPERATION[kind])
     try:
-        with _errors_carry(request_id):
+        with _boundary(request_id):
             answer = await _serve(services, request, kind, started, request_id, trace)
     except ApiError as exc:
         trace.end(exc.status, exc)
@@ -109,24 +108,23 @@ async def _serve(
         services.request_log.add(services.wall(), path, payload, request.headers, features.tenant)
     if not decision.rungs:
         raise ApiError(
-            404,
-            f"The model `{parsed.model}` does not exist.",
+            status=404,
+            message=f"The model `{parsed.model}` does not exist.",
             param="model",
             code="model_not_found",
         )
-    decided = services.clock()
     ask = Ask(
-        kind,
-        parsed,
-        payload,
-        features,
-        decision,
-        path,
-        request_id,
-        started,
-        decided,
-        trace,
-        expect(payload),
+        kind=kind,
+        parsed=parsed,
+        payload=payload,
+        features=features,
+        decision=decision,
+        path=path,
+        request_id=request_id,
+        started=started,
+        decided=services.clock(),
+        trace=trace,
+        expect=expect(payload),
     )
     pool = policy.pools[decision.pool]
     if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
@@ -210,12 +208,10 @@ async def _collected_within(
     while True:
         try:
             answer = await _relay(services, ask, opened, retry=retry).collect(chat=chat)
-        except ApiError as exc:
-            if exc.code != _BROKEN:
-                raise
-            broken.append(Attempt(opened.spec.name, opened.endpoint.url, exc.message))
+        except StreamBroken as exc:
+            broken.append(Attempt(opened.spec.name, opened.endpoint.url, str(exc)))
             if not budget.spend(opened.endpoint.url, services.clock()):
-                raise _broken_again(len(broken)) from None
+                raise broke(len(broken)) from None
         else:
             opened.attempts = (*broken, *opened.attempts)
             return answer, opened
@@ -223,7 +219,7 @@ async def _collected_within(
         again = functools.partial(services.pools.open, avoid=avoid)
         retried = await _forward(services, ask, again, streamed, _SSE)
         if isinstance(retried, Response):
-            raise _broken_again(len(broken))
+            raise broke(len(broken))
         opened, retry = retried, True
 
 
@@ -237,11 +233,6 @@ def _count_breaks(services: Services, ask: Ask, budget: BreakBudget) -> None:
         services.telemetry.failover(ask.decision.pool, "retried_after_break")
     if len(budget.broke) > budget.spent:
         services.telemetry.failover(ask.decision.pool, "exhausted_after_break")
-
-
-def _broken_again(times: int) -> ApiError:
-    message = f"the upstream answer broke before it was whole, {times} times"
-    return ApiError(502, message, "server_error", None, _BROKEN)
 
 
 async def _whole(services: Services, request: Request, ask: Ask) -> Response:
@@ -313,10 +304,16 @@ def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
 
 
 @contextmanager
-def _errors_carry(request_id: str) -> Iterator[None]:
-    """The gateway's own error answers carry the request id too, like every other answer."""
+def _boundary(request_id: str) -> Iterator[None]:
+    """The one boundary of the request path: a typed failure that nothing more will be tried
+    for becomes the client's ``ApiError`` here, and the gateway's own error answers carry the
+    request id too, like every other answer."""
     try:
         yield
+    except (BackendError, UpstreamErrorEvent) as exc:
+        error = from_backend(exc)
+        error.headers = {"x-request-id": request_id}
+        raise error from None
     except ApiError as exc:
         exc.headers = {"x-request-id": request_id, **(exc.headers or {})}
         raise
@@ -331,7 +328,7 @@ def _request_id(given: str | None) -> str:
 
 
 def _client_closed() -> ApiError:
-    return ApiError(499, "the client closed the connection", code="client_closed")
+    return ApiError(status=499, message="the client closed the connection", code="client_closed")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -352,7 +349,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
+    return ApiError(
+        status=413, message=f"the body is larger than {limit} bytes", code="request_too_large"
+    )
 
 
 Body = bytes | Callable[[PoolSpec], bytes]

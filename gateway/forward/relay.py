@@ -22,22 +22,12 @@ import orjson
 from backends.errors import StreamBroken, UpstreamRejected
 from backends.pool import Opened
 from backends.upstream import DONE
-from gateway.errors import ApiError
+from gateway.errors import UpstreamErrorEvent, from_backend
 from gateway.forward.assemble import Assembler
 from gateway.measure.acceptance import Fold, Outcome, Status
 from gateway.measure.validity import Collected
 
 _DONE_EVENT = b"data: [DONE]\n\n"
-
-
-class UpstreamErrorEvent(Exception):
-    """The upstream sent an error object as an event, after the stream had started;
-    ``status`` is its ``code`` when that is an HTTP status."""
-
-    def __init__(self, payload: bytes, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.payload = payload
-        self.status = status
 
 
 class Relay:
@@ -154,7 +144,9 @@ class Relay:
             yield (b"" if held is None else _event(held)) + b"data: " + exc.payload + b"\n\n"
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            yield (b"" if held is None else _event(held)) + _broken(self._error).sse()
+            # past the first byte nothing can be tried again: the client is told here
+            failed = from_backend(StreamBroken(self._error))
+            yield (b"" if held is None else _event(held)) + failed.sse()
         finally:
             self._finish()
 
@@ -184,6 +176,9 @@ class Relay:
         return held
 
     async def collect(self, chat: bool) -> dict[str, Any]:
+        """The whole answer as one body. A stream that broke raises ``StreamBroken`` and an
+        error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for a 4xx code): the caller
+        decides whether to try again."""
         assembler = Assembler(chat)
         try:
             async for batch in self._batches():
@@ -199,10 +194,10 @@ class Relay:
             if exc.status is not None and exc.status < 500:
                 # a client error the upstream found late: still its answer to this request
                 raise UpstreamRejected(exc.status, exc.payload, self._opened.spec.name) from None
-            raise ApiError(502, str(exc), "server_error", None, "upstream_error") from None
+            raise
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            raise _broken(self._error) from None
+            raise StreamBroken(self._error) from None
         finally:
             self._finish()
 
@@ -238,7 +233,3 @@ def _error_event(data: bytes, error: object) -> UpstreamErrorEvent:
     code = error.get("code") if isinstance(error, dict) else None
     status = code if isinstance(code, int) and 400 <= code <= 599 else None
     return UpstreamErrorEvent(data, f"upstream error: {message}", status)
-
-
-def _broken(message: str) -> ApiError:
-    return ApiError(502, message, "server_error", None, "upstream_stream_broken")

@@ -25,7 +25,7 @@ import orjson
 
 from backends.errors import BackendError
 from backends.pool import Pools
-from gateway.errors import ApiError
+from gateway.errors import UpstreamErrorEvent
 from gateway.forward.relay import Relay
 from gateway.measure.acceptance import Fold, Labels, Outcome
 from gateway.measure.budget import TokenBucket
@@ -144,7 +144,7 @@ class ShadowRunner:
                     on_done=self._record,
                 )
                 answer = await relay.collect(chat=path.endswith("chat/completions"))
-        except (BackendError, ApiError, TimeoutError) as exc:
+        except (BackendError, UpstreamErrorEvent, TimeoutError) as exc:
             self._telemetry.mirror(pool, "failed")
             log.info("shadow mirror to %s failed: %s", pool, exc)
             return

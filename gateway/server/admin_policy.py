@@ -163,7 +163,15 @@ class PolicyDrafts:
         change = f"{disk['version']} -> {answer['version']}"
         if not result.changed:
             change += " (written; the reload refused it: " + "; ".join(result.errors)[:300] + ")"
-        entry = AuditEntry(self.services.wall(), who, POLICY, None, None, body.reason, change)
+        entry = AuditEntry(
+            at=self.services.wall(),
+            who=who,
+            flag=POLICY,
+            old=None,
+            new=None,
+            reason=body.reason,
+            policy=change,
+        )
         await self.services.state.note(entry)
         log.warning(
             "policy %s applied by %s (was %s): %s",
@@ -187,18 +195,21 @@ class PolicyDrafts:
     def _refusal(self, body: ApplyBody, failed: bool, on_disk: str | None) -> ApiError | None:
         blocked = self._blocked()
         if blocked is not None and not self.services.settings.policy_apply:
-            return ApiError(403, blocked, code="policy_apply_disabled")
+            return ApiError(status=403, message=blocked, code="policy_apply_disabled")
         if blocked is not None:
             return _read_only(blocked)
         if failed:
             return ApiError(
-                422, "the draft has errors: lint it", param="text", code="policy_invalid"
+                status=422,
+                message="the draft has errors: lint it",
+                param="text",
+                code="policy_invalid",
             )
         if body.base_version is not None and body.base_version != on_disk:
             return ApiError(
-                409,
-                f"the policy file changed since the draft was taken (now {on_disk}, draft based "
-                f"on {body.base_version}): review the difference and apply again",
+                status=409,
+                message=f"the policy file changed since the draft was taken (now {on_disk}, "
+                f"draft based on {body.base_version}): review the difference and apply again",
                 param="base_version",
                 code="policy_changed",
             )
@@ -207,8 +218,8 @@ class PolicyDrafts:
 
 def _read_only(why: str) -> ApiError:
     return ApiError(
-        409,
-        f"the policy file cannot be written here: {why}. Apply the draft where the file "
+        status=409,
+        message=f"the policy file cannot be written here: {why}. Apply the draft where the file "
         "comes from (for a ConfigMap: kubectl apply); the gateway reloads it when it changes",
         code="policy_read_only",
     )
@@ -228,7 +239,9 @@ def _explained(
         )
     except ApiError as exc:
         raise ApiError(
-            400, f"request: {exc.message}", param=f"request.{exc.param or ''}".rstrip(".")
+            status=400,
+            message=f"request: {exc.message}",
+            param=f"request.{exc.param or ''}".rstrip("."),
         ) from None
     features = classify(parsed, path, headers, "explain", defaults)
     out: dict[str, Any] = {
@@ -284,13 +297,13 @@ async def _parsed(request: Request, model: type[Model]) -> Model:
     async for chunk in request.stream():
         body += chunk
         if len(body) > 2 * MAX_DRAFT_BYTES:
-            raise ApiError(413, "the body is too large", code="body_too_large")
+            raise ApiError(status=413, message="the body is too large", code="body_too_large")
     try:
         return model.model_validate_json(bytes(body))
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
+        raise ApiError(status=400, message=f"{param}: {first['msg']}", param=param) from None
 
 
 def _json(body: object, status: int = 200) -> Response:

@@ -325,7 +325,9 @@ def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[R
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-    return ApiError(exc.status_code, str(exc.detail), kind).response(dict(exc.headers or {}))
+    return ApiError(status=exc.status_code, message=str(exc.detail), type=kind).response(
+        dict(exc.headers or {})
+    )
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
