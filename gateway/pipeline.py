@@ -27,12 +27,12 @@ from gateway.forward.headers import decision_headers
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
 from gateway.forward.respond import SSEResponse, cancelled_on_disconnect
-from gateway.forward.shadow import answer_text
 from gateway.identity import remembered
-from gateway.measure.acceptance import Fold, Labels, Outcome, Status
-from gateway.measure.engine_metrics import engine_timed
+from gateway.measure.acceptance import Fold, Labels, Status
+from gateway.measure.answer import Measurement
+from gateway.measure.completions import COMPLETIONS
 from gateway.measure.tracing import Trace
-from gateway.measure.validity import Collected, Expectation, expect
+from gateway.measure.validity import Expectation, expect
 from gateway.services import Services
 from policies.decide import decide
 from policies.decision import Decision
@@ -156,34 +156,40 @@ async def _streamed(services: Services, request: Request, ask: Ask) -> Response 
 
 
 def _relay(services: Services, ask: Ask, opened: Opened, *, retry: bool = False) -> Relay:
-    """Steps 6 (measure), 7 (feedback, ``on_done``) and 8 (respond) over one stream; a
-    retry starts no second shadow mirror."""
-    single = one_answer(ask.payload)
+    """Steps 6 (measure), 7 (feedback) and 8 (respond) over one stream; a retry starts no
+    second shadow mirror."""
     pool = services.policy.current.pools[opened.spec.name]
-    labels = _labels(ask, opened, single and pool.chunk_acceptance)
-    seen = functools.partial(services.reports.saw, opened.spec.name)
-    structure = Collected() if ask.expect is not None else None
-    ask.trace.relaying()
+    labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
+    capture = None if retry else _mirror(services, ask, labels)
     return Relay(
         opened,
-        Fold(labels, ask.started, ask.decided),
+        _measurement(services, ask, labels, opened.spec, capture),
         include_usage=ask.parsed.include_usage,
         clock=services.clock,
-        on_done=functools.partial(_finished, services, ask, structure),
-        capture=None if retry else _mirror(services, ask, labels),
-        on_metrics=seen if single and opened.spec.speculative else None,
-        structure=structure,
         include_sglext=ask.payload.get("return_spec_tokens_details") is True,
     )
 
 
-def _finished(services: Services, ask: Ask, structure: Collected | None, outcome: Outcome) -> None:
-    """Step 7 for one relayed stream: its answer checked, its outcome recorded, and its
-    trace told (a streamed answer's trace ends here)."""
-    services.checks.finish(outcome, ask.expect, structure)
-    ask.trace.finished(outcome)
-    if ask.parsed.stream:
-        ask.trace.end(200)
+def _measurement(
+    services: Services,
+    ask: Ask,
+    labels: Labels,
+    spec: PoolSpec,
+    capture: asyncio.Future[str] | None,
+) -> Measurement:
+    """Steps 6 and 7 for one answer of ``spec``'s pool, streamed or whole: checked, recorded,
+    told to the trace (which a streamed answer's measurement ends), and to the canary."""
+    reports = spec.speculative and one_answer(ask.payload)
+    return Measurement(
+        Fold(labels, ask.started, ask.decided),
+        services.clock,
+        services.checks,
+        expect=ask.expect,
+        trace=ask.trace,
+        ends_trace=ask.parsed.stream,
+        capture=capture,
+        on_metrics=functools.partial(services.reports.saw, spec.name) if reports else None,
+    )
 
 
 async def _collected(
@@ -237,7 +243,8 @@ def _count_breaks(services: Services, ask: Ask, budget: BreakBudget) -> None:
 
 async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
-    passes through untouched; its usage and vLLM metrics are the measurement."""
+    passes through untouched; its usage and vLLM metrics are the measurement, the same as a
+    stream's."""
     done: Completed | Response | None = None
     async with cancelled_on_disconnect(request.receive):
         budget = _break_budget(services, ask)
@@ -251,29 +258,9 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     if isinstance(done, Response):
         return done
     labels = _labels(ask, done, chunks=False)
-    capture = _mirror(services, ask, labels)
-    ask.trace.relaying()
-    fold = Fold(labels, ask.started, ask.decided)
-    answer = _json_object(done.body)
-    metrics = answer.get("metrics")
-    if done.spec.speculative and one_answer(ask.payload):
-        services.reports.saw(done.spec.name, metrics)
-    fold.usage(answer.get("usage") or {}, metrics)
-    fold.answered(answer.get("choices"))
-    choices = answer.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        reason = choices[0].get("finish_reason")
-        if isinstance(reason, str) and reason:
-            fold.finished(reason)
-    outcome = engine_timed(fold.finish(Status.OK, services.clock()), metrics)
-    structure = None
-    if ask.expect is not None:
-        structure = Collected()
-        structure.body(answer)
-    services.checks.finish(outcome, ask.expect, structure)
-    ask.trace.finished(outcome)
-    if capture is not None:
-        capture.set_result(answer_text(answer))
+    measurement = _measurement(services, ask, labels, done.spec, _mirror(services, ask, labels))
+    COMPLETIONS.whole(measurement, _json_object(done.body))
+    measurement.finish(Status.OK)
     headers = _decision_headers(services, ask, done.spec.name, done.attempts)
     return Response(done.body, headers=headers, media_type=JSON)
 

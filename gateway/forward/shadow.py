@@ -27,8 +27,11 @@ from backends.errors import BackendError
 from backends.pool import Pools
 from gateway.errors import UpstreamErrorEvent
 from gateway.forward.relay import Relay
-from gateway.measure.acceptance import Fold, Labels, Outcome
+from gateway.measure.acceptance import Fold, Labels
+from gateway.measure.answer import Measurement
 from gateway.measure.budget import TokenBucket
+from gateway.measure.checks import Checks
+from gateway.measure.completions import answer_text
 from gateway.measure.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ class ShadowRunner:
         self,
         pools: Pools,
         clock: Callable[[], float],
-        record: Callable[[Outcome], None],
+        checks: Checks,
         telemetry: Telemetry,
         limits: ShadowLimits = ShadowLimits(),
         canary: CanaryLimits = CanaryLimits(),
@@ -77,7 +80,7 @@ class ShadowRunner:
     ) -> None:
         self._pools = pools
         self._clock = clock
-        self._record = record
+        self._checks = checks  # a mirror's outcome is recorded, its answer not checked
         self._telemetry = telemetry
         self._limits = limits
         self._canary = canary
@@ -136,13 +139,8 @@ class ShadowRunner:
                 opened = await self._pools.open((pool,), path, body, _HEADERS)
                 self._telemetry.opened(pool, shadow=True)
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
-                relay = Relay(
-                    opened,
-                    Fold(served, self._clock()),
-                    include_usage=True,
-                    clock=self._clock,
-                    on_done=self._record,
-                )
+                measurement = Measurement(Fold(served, self._clock()), self._clock, self._checks)
+                relay = Relay(opened, measurement, include_usage=True, clock=self._clock)
                 answer = await relay.collect(chat=path.endswith("chat/completions"))
         except (BackendError, UpstreamErrorEvent, TimeoutError) as exc:
             self._telemetry.mirror(pool, "failed")
@@ -175,12 +173,3 @@ class ShadowRunner:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def answer_text(answer: dict[str, Any]) -> str:
-    """The text of the first choice of a chat or completions body."""
-    choices = answer.get("choices") or [{}]
-    choice = choices[0]
-    message = choice.get("message")
-    text = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return text or ""

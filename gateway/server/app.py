@@ -132,10 +132,11 @@ def build_services(
         reason = f"canary: greedy output differs on speculation (exact match {rate:.1%})"
         stats.alarm(slice_key, reason, numbers, wall())
 
+    checks = Checks(record)
     shadow = ShadowRunner(
         pools,
         clock,
-        record,
+        checks,
         telemetry,
         ShadowLimits(
             settings.shadow_max_concurrency,
@@ -185,7 +186,7 @@ def build_services(
         ),
         reports=PerRequestReports(),
         load=load,
-        checks=Checks(record),
+        checks=checks,
         outcomes=outcomes,
         load_scraper=LoadScraper(pools, upstream, load, clock),
         request_log=(
