@@ -23,7 +23,11 @@ Threshold mode (``step``):
 
 Only samples taken since the slice entered its phase are judged, so evidence from before a
 transition never triggers the next one; with ``cooldown_s`` this is what keeps a slice from
-flapping. Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
+flapping.
+
+In either mode an ``alarm`` (the shadow canary's) moves a slice one rung down at once.
+
+Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
 """
 
 from __future__ import annotations
@@ -285,6 +289,23 @@ def _event(
     why: str,
 ) -> Transition:
     return Transition(slice_key, now, before, after, f"{why}: {judged.reason}", judged.numbers)
+
+
+def alarm(
+    slice_key: str,
+    state: SliceState,
+    rungs_below: int,
+    reason: str,
+    numbers: dict[str, float],
+    now: float,
+) -> tuple[SliceState, Transition]:
+    """An outside signal that speculation is wrong for a slice (the shadow canary's greedy
+    mismatches), in any mode: the slice falls one rung when there is one below the rung it
+    is served on; else the event is only logged, and the state returned is ``state``."""
+    after = state
+    if rungs_below > 0:
+        after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
+    return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
 def reset_on_reload(state: SliceState, ladder_rungs_below_start: int) -> SliceState:

@@ -45,10 +45,10 @@ from gateway.measure.collectors import (
     PoolReading,
     Prices,
 )
-from gateway.measure.livestats import LiveStats
 from gateway.measure.slicecap import SliceLabels
 from gateway.measure.tally import Counts, Levels, Observations
 from gateway.measure.tracing import Tracing
+from gateway.measure.views import Views
 from policies.compiled import CompiledPolicy
 from policies.guardrail import Transition
 
@@ -311,11 +311,11 @@ class Telemetry:
             self.exposition.register(collector)
 
     def watch(
-        self, stats: LiveStats, policy: Callable[[], CompiledPolicy], wall: Callable[[], float]
+        self, views: Views, policy: Callable[[], CompiledPolicy], wall: Callable[[], float]
     ) -> None:
         """Read the guardrail's states and estimates, and the pools' prices, at each scrape
         (guardrail states are shared between workers through the store)."""
-        self._collect(GuardrailStates(stats, self.slice_label, wall))
+        self._collect(GuardrailStates(views, self.slice_label, wall))
         self._collect(Prices(policy))
 
     def opened(self, pool: str, shadow: bool) -> None:

@@ -195,15 +195,15 @@ class Admin:
         return _json({"slices": slices, "events": events})
 
     async def stats(self, request: Request) -> Response:
-        stats = self.services.stats
-        pools = stats.pool_summary(self.services.clock())
+        views = self.services.stats.views
+        pools = views.pool_summary(self.services.clock())
         configured = self.services.policy.current.pools
         for name, entry in pools.items():
             if name in configured:  # which signal the engine offers, and which outcomes gave
                 entry.update(
                     describe(configured[name]), signals_seen=self.services.signals.of(name)
                 )
-        return _json({"slices": stats.summary(self.services.wall()), "pools": pools})
+        return _json({"slices": views.summary(self.services.wall()), "pools": pools})
 
     async def policy(self, request: Request) -> Response:
         holder = self.services.policy

@@ -198,7 +198,7 @@ def build_services(
             else None
         ),
     )
-    telemetry.watch(stats, lambda: holder.current, wall)
+    telemetry.watch(stats.views, lambda: holder.current, wall)
     holder.subscribe(lambda new: policy_changed(services, new))
     return services
 
@@ -224,12 +224,12 @@ def _state(
     wall: Callable[[], float],
 ) -> SharedState:
     if settings.redis_url is None:
-        return MemoryState(flags, stats)
+        return MemoryState(flags, stats.replica)
     return RedisState(
         settings.redis_url,
         settings.namespace,
         flags,
-        stats,
+        stats.replica,
         lambda: holder.current,
         telemetry,
         wall,

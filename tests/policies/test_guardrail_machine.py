@@ -12,6 +12,7 @@ from policies.guardrail import (
     Judged,
     Phase,
     SliceState,
+    alarm,
     step,
 )
 from policies.model import Guardrail, GuardrailMode
@@ -129,3 +130,14 @@ def test_never_leaves_the_ladder_and_never_flaps_faster_than_the_cooldown(steps,
             last_fall = now
         if state.offset < before.offset:
             assert last_fall is not None and now - last_fall >= cooldown
+
+
+def test_an_alarm_drops_one_rung_where_there_is_one_and_is_only_logged_on_the_last():
+    fallen = SliceState(1, Phase.FALLEN_BACK, 5.0, 3)
+    for state in (ON_START, fallen):
+        after, event = alarm("s", state, 1, "canary", {"compared": 20.0}, 9.0)
+        assert (after.offset, after.phase, after.since) == (state.offset + 1, "fallen_back", 9.0)
+        assert after.version == state.version + 1
+        assert (event.before, event.after, event.reason) == (state, after, "canary")
+    after, event = alarm("s", fallen, 0, "canary", {}, 9.0)
+    assert after is fallen and event.before == event.after == fallen
