@@ -10,7 +10,6 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,7 +26,7 @@ from backends.upstream import Upstream
 from gateway.classify import Defaults
 from gateway.errors import ApiError, api_error_handler, internal_error
 from gateway.forward.passthrough import PerRequestReports
-from gateway.forward.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
+from gateway.forward.shadow import ShadowLimits, ShadowRunner
 from gateway.gate import Gate
 from gateway.identity import Identity
 from gateway.lifecycle import (
@@ -37,8 +36,9 @@ from gateway.lifecycle import (
     tick,
     watch_policy,
 )
-from gateway.measure.acceptance import Outcome
+from gateway.measure.canary import Canary, CanaryLimits
 from gateway.measure.checks import Checks
+from gateway.measure.feedback import Feedback
 from gateway.measure.livestats import LiveStats
 from gateway.measure.load import LoadMeter
 from gateway.measure.loadscrape import LoadScraper
@@ -57,6 +57,7 @@ from gateway.state.flagstore import FlagStore
 from gateway.state.memory import MemoryState, SharedState
 from gateway.state.policyfile import PolicyHolder
 from gateway.state.redis_store import RedisState
+from policies.compiled import CompiledPolicy
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,16 @@ def build_services(
 ) -> Services:
     """``tracers``, when given, is where spans go instead of ``settings.otlp_endpoint``."""
     holder = policy or PolicyHolder.from_file(settings.policy)
+    current = holder.get
     upstream = Upstream(
         max_connections=settings.upstream_max_connections,
         keepalive_s=settings.upstream_keepalive_s,
     )
-    shared = settings.metrics_dir if settings.several_workers else None
     telemetry = Telemetry.build(
-        settings.otlp_endpoint, tracers, shared=shared, max_slices=settings.metrics_max_slices
+        settings.otlp_endpoint,
+        tracers,
+        shared=settings.metrics_dir if settings.several_workers else None,
+        max_slices=settings.metrics_max_slices,
     )
     flags = FlagStore(holder.current)
     identity = Identity(settings.trusted_tenant_header, settings.require_api_key)
@@ -89,65 +93,13 @@ def build_services(
         outlier=outlier_rules(settings),
         tries_per_pool=settings.tries_per_pool,
     )
-    load = LoadMeter(
-        lambda: {
-            name: [(e.url, e.outstanding) for e in endpoints]
-            for name, endpoints in pools.endpoints.items()
-        },
-        lambda: {model: ladder.pools for model, ladder in holder.current.ladders.items()},
-        gauge_fresh_s=1.5 * settings.scrape_interval_s,
+    load = _load_meter(settings, pools, current)
+    stats = LiveStats(current, on_transition=telemetry.transition, load=load.ladder)
+    feedback = Feedback(
+        stats, telemetry, SignalsSeen(), _outcome_log(settings, current), load, wall
     )
-    stats = LiveStats(
-        lambda: holder.current,
-        on_transition=telemetry.transition,
-        load=load.ladder,
-    )
-
-    signals = SignalsSeen()
-
-    def price(pool: str) -> float | None:
-        found = holder.current.pools.get(pool)
-        return None if found is None else found.cost_per_hour
-
-    outcomes = OutcomeLog(
-        price,
-        keep=settings.outcome_records,
-        path=settings.outcome_log,
-        max_bytes=int(settings.outcome_log_max_mb * 1024 * 1024),
-    )
-
-    def record(outcome: Outcome) -> None:
-        end = outcome.started_at + outcome.duration_s
-        mean = load.mean(outcome.labels.endpoint, outcome.started_at, end)
-        loaded = replace(outcome, load=mean) if mean else outcome
-        now = wall()
-        stats.record(loaded, now)
-        telemetry.observe(loaded)
-        signals.record(loaded)
-        outcomes.add(loaded, now)
-
-    def alarm(slice_key: str, counts: CanaryCounts) -> None:
-        rate = counts.matched / counts.compared
-        numbers = {"compared": float(counts.compared), "exact_match_rate": rate}
-        reason = f"canary: greedy output differs on speculation (exact match {rate:.1%})"
-        stats.alarm(slice_key, reason, numbers, wall())
-
-    checks = Checks(record)
-    shadow = ShadowRunner(
-        pools,
-        clock,
-        checks,
-        telemetry,
-        ShadowLimits(
-            settings.shadow_max_concurrency,
-            settings.shadow_tokens_per_minute,
-            settings.shadow_max_outstanding,
-            settings.shadow_timeout_s,
-        ),
-        CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples),
-        alarm,
-    )
-    state = _state(settings, flags, stats, holder, telemetry, wall)
+    checks = Checks(feedback.record)
+    state = _state(settings, flags, stats, current, telemetry, wall)
     services = Services(
         settings=settings,
         clock=clock,
@@ -159,48 +111,96 @@ def build_services(
         upstream=upstream,
         pools=pools,
         telemetry=telemetry,
-        shadow=shadow,
-        record=record,
-        signals=signals,
-        scraper=PoolScraper(
-            pools,
-            upstream,
-            stats,
-            wall,
-            telemetry.pool_acceptance,
-            # a reading stands for the last six scrapes, and never less than a minute
-            window_s=max(60.0, 6 * settings.scrape_interval_s),
-            drain=state.drained,
-        ),
+        shadow=_shadow(settings, pools, clock, checks, telemetry, feedback),
+        feedback=feedback,
+        scraper=_scraper(settings, pools, upstream, stats, wall, telemetry, state),
         defaults=Defaults(
             settings.default_temperature,
             settings.default_top_p,
             endpoint_header=settings.endpoint_header.lower(),
         ),
         identity=identity,
-        gate=Gate(
-            identity,
-            lambda: holder.current,
-            settings.max_requests,
-            settings.max_requests_per_tenant,
-        ),
+        gate=Gate(identity, current, settings.max_requests, settings.max_requests_per_tenant),
         reports=PerRequestReports(),
         load=load,
         checks=checks,
-        outcomes=outcomes,
         load_scraper=LoadScraper(pools, upstream, load, clock),
-        request_log=(
-            RequestLog(
-                settings.request_log,
-                (settings.endpoint_header.lower(), Defaults().tenant_header),
-            )
-            if settings.request_log
-            else None
-        ),
+        request_log=_request_log(settings),
     )
-    telemetry.watch(stats.views, lambda: holder.current, wall)
+    telemetry.watch(stats.views, current, wall)
     holder.subscribe(lambda new: policy_changed(services, new))
     return services
+
+
+def _load_meter(
+    settings: Settings, pools: Pools, policy: Callable[[], CompiledPolicy]
+) -> LoadMeter:
+    return LoadMeter(
+        lambda: {
+            name: [(e.url, e.outstanding) for e in endpoints]
+            for name, endpoints in pools.endpoints.items()
+        },
+        lambda: {model: ladder.pools for model, ladder in policy().ladders.items()},
+        gauge_fresh_s=1.5 * settings.scrape_interval_s,
+    )
+
+
+def _outcome_log(settings: Settings, policy: Callable[[], CompiledPolicy]) -> OutcomeLog:
+    return OutcomeLog(
+        lambda pool: policy().price(pool),
+        keep=settings.outcome_records,
+        path=settings.outcome_log,
+        max_bytes=int(settings.outcome_log_max_mb * 1024 * 1024),
+    )
+
+
+def _shadow(
+    settings: Settings,
+    pools: Pools,
+    clock: Callable[[], float],
+    checks: Checks,
+    telemetry: Telemetry,
+    feedback: Feedback,
+) -> ShadowRunner:
+    limits = ShadowLimits(
+        settings.shadow_max_concurrency,
+        settings.shadow_tokens_per_minute,
+        settings.shadow_max_outstanding,
+        settings.shadow_timeout_s,
+    )
+    canary = CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples)
+    return ShadowRunner(
+        pools, clock, checks, telemetry, limits, Canary(telemetry, canary, feedback.canary_failed)
+    )
+
+
+def _scraper(
+    settings: Settings,
+    pools: Pools,
+    upstream: Upstream,
+    stats: LiveStats,
+    wall: Callable[[], float],
+    telemetry: Telemetry,
+    state: SharedState,
+) -> PoolScraper:
+    return PoolScraper(
+        pools,
+        upstream,
+        stats,
+        wall,
+        telemetry.pool_acceptance,
+        # a reading stands for the last six scrapes, and never less than a minute
+        window_s=max(60.0, 6 * settings.scrape_interval_s),
+        drain=state.drained,
+    )
+
+
+def _request_log(settings: Settings) -> RequestLog | None:
+    if not settings.request_log:
+        return None
+    return RequestLog(
+        settings.request_log, (settings.endpoint_header.lower(), Defaults().tenant_header)
+    )
 
 
 def outlier_rules(settings: Settings) -> OutlierRules:
@@ -219,7 +219,7 @@ def _state(
     settings: Settings,
     flags: FlagStore,
     stats: LiveStats,
-    holder: PolicyHolder,
+    policy: Callable[[], CompiledPolicy],
     telemetry: Telemetry,
     wall: Callable[[], float],
 ) -> SharedState:
@@ -230,7 +230,7 @@ def _state(
         settings.namespace,
         flags,
         stats.replica,
-        lambda: holder.current,
+        policy,
         telemetry,
         wall,
         interval_s=settings.sync_interval_s,
