@@ -99,6 +99,7 @@ GATEWAY_LAYERS: list[set[str]] = [
     {"demo"},
     {"replay", "report"},
     {"server"},  # the HTTP surface: app, routes, admin API
+    {"lifespan"},  # startup and shutdown as named steps
     {"pipeline", "lifecycle"},  # the request path; the background work
     {"services"},  # the container of collaborators
     {"forward", "state"},  # to and from the pools; what outlives a request

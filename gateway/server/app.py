@@ -1,12 +1,9 @@
-"""The app factory: wiring only. Builds the services, the routes, the error handlers and the
-lifespan that starts and stops the background work."""
+"""The app factory: wiring only. Builds the services, the routes and the error handlers;
+the lifespan runs ``gateway/lifespan.py``'s steps."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -29,13 +26,8 @@ from gateway.forward.passthrough import PerRequestReports
 from gateway.forward.shadow import ShadowLimits, ShadowRunner
 from gateway.gate import Gate
 from gateway.identity import Identity
-from gateway.lifecycle import (
-    discover,
-    policy_changed,
-    pool_specs,
-    tick,
-    watch_policy,
-)
+from gateway.lifecycle import policy_changed, pool_specs
+from gateway.lifespan import running
 from gateway.measure.canary import Canary, CanaryLimits
 from gateway.measure.checks import Checks
 from gateway.measure.feedback import Feedback
@@ -245,43 +237,8 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await services.upstream.start()
-        await services.state.start()
-        tasks = [
-            asyncio.create_task(watch_policy(services), name="policy-watch"),
-            asyncio.create_task(tick(services), name="guardrail-tick"),
-            asyncio.create_task(discover(services), name="endpoint-discovery"),
-            asyncio.create_task(
-                services.scraper.run(settings.scrape_interval_s), name="pool-scrape"
-            ),
-            asyncio.create_task(services.load.run(services.clock, 0.25), name="load-meter"),
-            asyncio.create_task(services.outcomes.run(), name="outcome-log"),
-            asyncio.create_task(services.telemetry.run(), name="metrics-push"),
-        ]
-        if services.load_scraper is not None:
-            gauges = services.load_scraper.run(settings.scrape_interval_s)
-            tasks.append(asyncio.create_task(gauges, name="load-gauges"))
-        if services.request_log is not None:
-            tasks.append(asyncio.create_task(services.request_log.run(), name="request-log"))
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, services.policy.requested.set)
-        try:
+        async with running(services):
             yield
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(signal.SIGHUP)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if services.request_log is not None:
-                services.request_log.flush()
-            await services.shadow.close()
-            await services.checks.close()
-            services.outcomes.flush()  # what the drained mirrors and checks recorded
-            await services.state.close()
-            await services.upstream.close()
-            services.telemetry.shutdown()
 
     async def metrics(request: Request) -> Response:
         services.telemetry.push()
