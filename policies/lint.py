@@ -8,13 +8,14 @@ missing pool. Pure: takes text, not a path.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from policies.checks import check
 from policies.load import Positions, read, validate
-from policies.model import PolicyFile
-from policies.problems import Path, Problem, ordered
+from policies.model import ALIASES, PolicyFile
+from policies.problems import Path, Problem, Severity, ordered
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +48,28 @@ def lint(text: str | bytes, filename: str = "<policy>") -> Report:
         return Report(filename, tuple(ordered(got.problems)))
     policy, problems = validate(got.raw, got.positions)
     if policy is not None:
-        found = [*got.problems, *_placed(check(policy), got.positions)]
+        checked = [*check(policy), *_aliased(got.raw)]
+        found = [*got.problems, *_placed(checked, got.positions)]
         return Report(filename, tuple(ordered(found)), policy)
     found = [*got.problems, *problems, *_salvaged(got.raw, got.positions, problems)]
     return Report(filename, tuple(ordered(found)))
+
+
+def _aliased(raw: dict[str, Any]) -> Iterator[Problem]:
+    """Guardrail modes written by an older name (``policies/model.py``'s ``ALIASES``): read
+    as the mode they name now, and said, so that the file can say it too."""
+    places: list[tuple[Path, object]] = [(("guardrail",), raw.get("guardrail"))]
+    rules = raw.get("rules")
+    for i, rule in enumerate(rules if isinstance(rules, list) else ()):
+        if isinstance(rule, dict):
+            places.append((("rules", i, "guardrail"), rule.get("guardrail")))
+    for at, guardrail in places:
+        mode = guardrail.get("mode") if isinstance(guardrail, dict) else None
+        if isinstance(mode, str) and mode in ALIASES:
+            now = ALIASES[mode].value
+            message = f"mode {mode!r} is an older name for {now!r}"
+            hint = f"write mode: {now}"
+            yield Problem((*at, "mode"), message, hint, Severity.WARNING, code="alias")
 
 
 def _salvaged(raw: dict[str, Any], positions: Positions, errors: list[Problem]) -> list[Problem]:

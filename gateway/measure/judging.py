@@ -139,14 +139,7 @@ class Judge:
         load = self._load(ladder.model, now) if self._load is not None else None
         return max(load, 1.0) if load is not None else self.steps.mean_batch(ladder, now)
 
-    def evidence(
-        self, entry: SliceRecord, ladder: Ladder, rung: int, now: float, speed: bool
-    ) -> Evidence:
+    def evidence(self, entry: SliceRecord, ladder: Ladder, rung: int, now: float) -> Evidence:
         """Threshold mode: what the window says of rung ``rung``."""
         counts = entry.counts(ladder.pools[rung], now)
-        speedup = None
-        if speed and rung != len(ladder.pools) - 1:
-            base = entry.counts(ladder.pools[-1], now)
-            if counts.tpot is not None and base.tpot is not None and base.tpot_n >= 5:
-                speedup = base.tpot / counts.tpot
-        return Evidence(counts.measured or counts.tpot_n, counts.acceptance, speedup)
+        return Evidence(counts.measured or counts.tpot_n, counts.acceptance)

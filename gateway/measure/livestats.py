@@ -59,7 +59,7 @@ from policies.guardrail import (
     step,
     step_economic,
 )
-from policies.model import GuardrailMode, ProbeMode
+from policies.model import ProbeMode
 from policies.steptime import StepFit
 
 log = logging.getLogger(__name__)
@@ -221,16 +221,15 @@ class LiveStats:
     def _step_threshold(self, key: str, entry: SliceRecord, place: Placement, now: float) -> None:
         ladder = place.ladder
         serving = place.serving(entry.state.offset)
-        speed = place.guardrail.mode is GuardrailMode.SPEEDUP
         evidence = self.judge.evidence
         judged_above = NOTHING
         if entry.state.phase is Phase.PROBING and serving > place.start:
             above = serving - 1
-            judged_above = Judged(evidence(entry, ladder, above, now, speed), ladder.k[above])
+            judged_above = Judged(evidence(entry, ladder, above, now), ladder.k[above])
         state, transition = step(
             key,
             entry.state,
-            Judged(evidence(entry, ladder, serving, now, speed), ladder.k[serving]),
+            Judged(evidence(entry, ladder, serving, now), ladder.k[serving]),
             judged_above,
             place.below(entry.state.offset),
             place.guardrail,

@@ -324,3 +324,27 @@ def test_parse_keeps_positions_and_raises_errors_only() -> None:
     with pytest.raises(PolicyError) as caught:
         parse(rules("- {name: a}"), "p.yaml")
     assert [p.code for p in caught.value.problems] == ["missing"]
+
+
+def test_speedup_is_read_as_economic_and_lint_says_it_is_an_older_name():
+    text = (
+        HEAD.replace("rules:\n", "guardrail: {mode: speedup}\nrules:\n")
+        + textwrap.dedent(
+            """\
+        - {name: a, match: {tools: present}, start: spec, guardrail: {mode: speedup}}
+        - {name: b, match: {stream: true}, start: spec, guardrail: {mode: threshold}}
+        """
+        )
+        + DEFAULT
+    )
+    policy = load_policy(text)
+    modes = [rule.guardrail.mode for rule in policy.rules]
+    assert modes == ["economic", "threshold", "economic"]
+    assert [rule.guardrail.economic for rule in policy.rules] == [True, False, True]
+    assert lines(text) == [
+        "p.yaml:6:19: warning: guardrail.mode: mode 'speedup' is an older name for 'economic' "
+        "(hint: write mode: economic)",
+        "p.yaml:8:69: warning: rules.0.guardrail.mode: mode 'speedup' is an older name for "
+        "'economic' (hint: write mode: economic)",
+    ]
+    assert len(policy.warnings) == 2 and not lint(text).errors
