@@ -1,6 +1,6 @@
 """Step 6 of a request: measure it. A pure fold over upstream stream events -> ``Outcome``.
 
-Each signal reports what it can honestly see (DESIGN.md, "Measuring acceptance"). The
+Each signal reports what it can honestly see, and the outcome says which one it used. The
 universal quantity is *tokens per engine step* after the first token (prefill), which sets
 the speed, is comparable across k and is visible to every signal; the draft acceptance rate
 is reported only where drafts are visible.
