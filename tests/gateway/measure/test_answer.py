@@ -70,20 +70,25 @@ def _whole(name: str) -> dict[str, object]:
     return orjson.loads((FIXTURES / name).read_bytes())
 
 
+def _answered(way: str, **given) -> Outcome:
+    """The draft pool's answer, ``way`` "stream" (event by event) or "whole", measured."""
+    measurement, recorded = _measured(**given)
+    if way == "stream":
+        _stream(measurement, "draft/chat-stream-include-usage.sse")
+    else:
+        COMPLETIONS.whole(measurement, _whole("draft/chat-nonstream.json"))
+    measurement.finish(Status.OK)
+    (outcome,) = recorded
+    return outcome
+
+
 @pytest.mark.anyio
 async def test_a_stream_and_the_same_answer_whole_measure_the_same():
     texts = []
     outcomes = []
     for way in ("stream", "whole"):
         capture = asyncio.get_running_loop().create_future()
-        measurement, recorded = _measured(capture=capture)
-        if way == "stream":
-            _stream(measurement, "draft/chat-stream-include-usage.sse")
-        else:
-            COMPLETIONS.whole(measurement, _whole("draft/chat-nonstream.json"))
-        measurement.finish(Status.OK)
-        (outcome,) = recorded
-        outcomes.append(outcome)
+        outcomes.append(_answered(way, capture=capture))
         texts.append(await capture)
     streamed, whole = outcomes
     assert streamed.signal is whole.signal is Signal.PER_REQUEST
@@ -135,13 +140,7 @@ async def test_a_failed_answer_cancels_the_canary_and_counts_as_an_error():
 def test_the_answer_is_checked_against_what_was_asked_streamed_or_whole():
     asked = {"response_format": {"type": "json_object"}}
     for way in ("stream", "whole"):
-        measurement, recorded = _measured(payload=asked)
-        if way == "stream":
-            _stream(measurement, "draft/chat-stream-include-usage.sse")
-        else:
-            COMPLETIONS.whole(measurement, _whole("draft/chat-nonstream.json"))
-        measurement.finish(Status.OK)
-        assert recorded[0].checks == (("json_object", "truncated"),), way
+        assert _answered(way, payload=asked).checks == (("json_object", "truncated"),), way
 
 
 def test_the_metrics_of_each_answer_are_reported_once_per_usage():

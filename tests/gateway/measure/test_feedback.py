@@ -42,18 +42,17 @@ def _feedback() -> tuple[Feedback, LiveStats, Telemetry, LoadMeter]:
 
 
 def _outcome(started: float, duration: float) -> Outcome:
-    labels = Labels("m", "default", KEY, "spec", 4, endpoint="http://a")
     return Outcome(
-        labels,
-        Status.OK,
-        started,
-        duration,
-        0.05,
-        0.01,
-        10,
-        40,
-        20,
-        Signal.PER_REQUEST,
+        labels=Labels("m", "default", KEY, "spec", 4, endpoint="http://a"),
+        status=Status.OK,
+        started_at=started,
+        duration_s=duration,
+        ttft_s=0.05,
+        tpot_s=0.01,
+        prompt_tokens=10,
+        completion_tokens=40,
+        chunks=20,
+        signal=Signal.PER_REQUEST,
         drafted=60,
         accepted=30,
         steps=12,
