@@ -80,10 +80,9 @@ class Relay:
         event = orjson.loads(data)
         if not isinstance(event, dict):
             raise StreamBroken("upstream sent an event that is not a JSON object")
-        failure = self._dialect.failure(event)
+        failure = self._dialect.event(self._measurement, event, now)
         if failure is not None:
             raise UpstreamErrorEvent(data, *failure)
-        self._dialect.event(self._measurement, event, now)
         return event
 
     async def sse(self) -> AsyncIterator[bytes]:

@@ -16,7 +16,7 @@ How an answer is read is its dialect's (``Dialect``): the streamed relay
 ``Dialect.event``, the whole-answer path (``gateway/pipeline.py``) hands the body to
 ``Dialect.whole``. ``completions.py`` is OpenAI's chat and text completions. A new API
 (Anthropic's ``/v1/messages``, OpenAI's ``/v1/responses``) plugs in as one more module
-beside it: a class with the three methods of ``Dialect`` that reads its own events
+beside it: a class with the two methods of ``Dialect`` that reads its own events
 (``message_start``, ``content_block_delta``, ``message_delta``... or
 ``response.output_text.delta``, ``response.completed``...) and calls the measurement's
 methods below (``content`` per output event, ``usage`` with the usage in OpenAI's names
@@ -43,13 +43,11 @@ from gateway.measure.validity import Collected, Expectation
 class Dialect(Protocol):
     """How one API's answers are read into a ``Measurement``."""
 
-    def failure(self, event: dict[str, Any]) -> tuple[str, int | None] | None:
-        """An error event's message and HTTP status (None when its code is none), or None
-        for any other event."""
-        ...
-
-    def event(self, measurement: Measurement, event: dict[str, Any], now: float) -> None:
-        """One streamed event, parsed, that arrived at ``now``."""
+    def event(
+        self, measurement: Measurement, event: dict[str, Any], now: float
+    ) -> tuple[str, int | None] | None:
+        """One streamed event, parsed, that arrived at ``now``: measured, or, when it is an
+        error event, its message and HTTP status (None when its code is none) returned."""
         ...
 
     def whole(self, measurement: Measurement, body: dict[str, Any]) -> None:

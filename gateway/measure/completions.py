@@ -20,24 +20,37 @@ class Completions:
 
     __slots__ = ()
 
-    def failure(self, event: dict[str, Any]) -> tuple[str, int | None] | None:
-        if "error" not in event or event.get("choices"):
-            return None
-        error = event["error"]
-        message = error.get("message", "") if isinstance(error, dict) else str(error)
-        code = error.get("code") if isinstance(error, dict) else None
-        status = code if isinstance(code, int) and 400 <= code <= 599 else None
-        return f"upstream error: {message}", status
-
-    def event(self, measurement: Measurement, event: dict[str, Any], now: float) -> None:
+    def event(
+        self, measurement: Measurement, event: dict[str, Any], now: float
+    ) -> tuple[str, int | None] | None:
         choices = event.get("choices")
         if choices:
-            for choice in choices:
-                _choice(measurement, choice, now)
+            for choice in choices:  # the hot path: one call per chunk, the rest inline
+                if measurement.structure is not None:
+                    measurement.structure.delta(choice)
+                delta = choice.get("delta") or choice
+                finish = choice.get("finish_reason")
+                if "avg_decoded_tokens_per_iter" in choice:  # TensorRT-LLM's tokens per step
+                    measurement.fold.tokens_per_iteration(choice["avg_decoded_tokens_per_iter"])
+                if (
+                    delta.get("content")
+                    or delta.get("text")
+                    or delta.get("tool_calls")
+                    or delta.get("reasoning_content")
+                    or delta.get("reasoning")
+                ):
+                    first = choice.get("index", 0) == 0
+                    text = (delta.get("content") or delta.get("text") or "") if first else None
+                    measurement.content(now, finish, text)
+                elif finish:
+                    measurement.finished(finish)
+        elif "error" in event:
+            return _failure(event["error"])
         elif "sglext" in event:  # SGLang's per-request counts (return_spec_tokens_details)
             measurement.fold.sglang(event["sglext"])
         elif "usage" in event:
             measurement.usage(event["usage"] or {}, event.get("metrics"))
+        return None
 
     def whole(self, measurement: Measurement, body: dict[str, Any]) -> None:
         metrics = body.get("metrics")
@@ -56,25 +69,11 @@ class Completions:
 COMPLETIONS = Completions()
 
 
-def _choice(measurement: Measurement, choice: dict[str, Any], now: float) -> None:
-    if measurement.structure is not None:
-        measurement.structure.delta(choice)
-    delta = choice.get("delta") or choice
-    finish = choice.get("finish_reason")
-    if "avg_decoded_tokens_per_iter" in choice:  # TensorRT-LLM's tokens per step
-        measurement.fold.tokens_per_iteration(choice["avg_decoded_tokens_per_iter"])
-    if (
-        delta.get("content")
-        or delta.get("text")
-        or delta.get("tool_calls")
-        or delta.get("reasoning_content")
-        or delta.get("reasoning")
-    ):
-        first = choice.get("index", 0) == 0
-        text = (delta.get("content") or delta.get("text") or "") if first else None
-        measurement.content(now, finish, text)
-    elif finish:
-        measurement.finished(finish)
+def _failure(error: object) -> tuple[str, int | None]:
+    message = error.get("message", "") if isinstance(error, dict) else str(error)
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code <= 599 else None
+    return f"upstream error: {message}", status
 
 
 def answer_text(answer: dict[str, Any]) -> str:

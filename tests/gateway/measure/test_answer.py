@@ -163,4 +163,5 @@ def test_the_metrics_of_each_answer_are_reported_once_per_usage():
     ],
 )
 def test_the_completions_dialect_knows_an_error_event(event, failure):
-    assert COMPLETIONS.failure(event) == failure
+    measurement, _ = _measured()
+    assert COMPLETIONS.event(measurement, event, 0.5) == failure
