@@ -21,8 +21,11 @@ beside it: a class with the two methods of ``Dialect`` that reads its own events
 ``response.output_text.delta``, ``response.completed``...) and calls the measurement's
 methods below (``content`` per output event, ``usage`` with the usage in OpenAI's names
 ``prompt_tokens``/``completion_tokens``, ``finished``, ``answered`` for a whole body). The
-pipeline hands that dialect to the same ``Relay`` and the same ``Measurement``; nothing
-else changes.
+pipeline hands that dialect to the same ``Relay`` (``dialect=``) or the same whole-answer
+path, with the same ``Measurement``. What the relay does to the bytes themselves is the
+completions API's (the usage chunk it drops when the client did not ask for usage, the
+body ``Relay.collect`` assembles): another API's stream is relayed as it came
+(``include_usage=True``), and its whole answers pass through.
 
 No I/O: time comes from the clock it is given.
 """
