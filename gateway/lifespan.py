@@ -59,15 +59,12 @@ class Steps:
 
 
 @asynccontextmanager
-async def running(services: Services, steps: list[Steps] | None = None) -> AsyncIterator[None]:
-    """Started for the block, stopped after it; ``steps``, when given, receives the steps
-    (a test reads their order)."""
+async def running(services: Services) -> AsyncIterator[Steps]:
+    """The gateway started for the block, and stopped after it; the steps, to read."""
     async with AsyncExitStack() as stack:
-        started = Steps(stack)
-        if steps is not None:
-            steps.append(started)
-        await startup(services, started)
-        yield
+        steps = Steps(stack)
+        await startup(services, steps)
+        yield steps
 
 
 async def startup(services: Services, steps: Steps) -> None:

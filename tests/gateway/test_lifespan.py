@@ -19,9 +19,7 @@ async def test_a_gateway_stops_in_the_reverse_order_it_started(tmp_path):
     text = policy_yaml(["http://127.0.0.1:9"], ["http://127.0.0.1:9"])
     configured = settings(tmp_path, text, request_log=tmp_path / "requests.jsonl")
     services = build_services(configured)
-    seen: list[Steps] = []
-    async with running(services, seen):
-        (steps,) = seen
+    async with running(services) as steps:
         assert not steps.stopped
         tasks = {t.get_name() for t in asyncio.all_tasks()}
         assert {"policy-watch", "guardrail-tick", "metrics-push", "request-log-writer"} <= tasks
