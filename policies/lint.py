@@ -1,20 +1,20 @@
 """Every problem of one policy file at once: YAML, schema and cross-file checks, placed.
 
 ``lint`` is what both ``speclane policy lint`` and ``load_policy`` (hence the gateway's hot
-reload) run, so an operator sees the same lines in both places. When only some rules fail
-schema validation, the rest of the file is still checked, so one typo does not hide a
-missing pool. Pure: takes text, not a path.
+reload) run, so an operator sees the same lines in both places. When the schema fails, the
+rest of the file is still checked (``policies/salvage.py``), so a typo or a wrongly typed
+value does not hide a missing pool. Pure: takes text, not a path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from policies.checks import check
 from policies.load import Positions, read, validate
 from policies.model import PolicyFile
-from policies.problems import Path, Problem, ordered
+from policies.problems import Problem, ordered
+from policies.salvage import salvaged
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,34 +49,8 @@ def lint(text: str | bytes, filename: str = "<policy>") -> Report:
     if policy is not None:
         found = [*got.problems, *_placed(check(policy), got.positions)]
         return Report(filename, tuple(ordered(found)), policy)
-    found = [*got.problems, *problems, *_salvaged(got.raw, got.positions, problems)]
+    found = [*got.problems, *problems, *_placed(salvaged(got.raw), got.positions)]
     return Report(filename, tuple(ordered(found)))
-
-
-def _salvaged(raw: dict[str, Any], positions: Positions, errors: list[Problem]) -> list[Problem]:
-    """Cross-file checks over the rules that did validate, when only rules failed."""
-    rules = raw.get("rules")
-    broken = {p.path[1] for p in errors if p.path[:1] == ("rules",) and len(p.path) > 1}
-    if not isinstance(rules, list) or not broken or any(p.path[:1] != ("rules",) for p in errors):
-        return []
-    kept = [i for i in range(len(rules)) if i not in broken]
-    if not kept:
-        return []
-    policy, still = validate({**raw, "rules": [rules[i] for i in kept]}, positions)
-    if policy is None or still:
-        return []
-    problems = [_renumbered(p, kept) for p in check(policy)]
-    if kept[-1] != len(rules) - 1:  # the real last rule is broken: do not judge a stand-in
-        problems = [p for p in problems if p.code != "no-default"]
-    return _placed(problems, positions)
-
-
-def _renumbered(problem: Problem, kept: list[int]) -> Problem:
-    path = problem.path
-    if len(path) > 1 and path[0] == "rules" and isinstance(path[1], int):
-        renumbered: Path = ("rules", kept[path[1]], *path[2:])
-        return replace(problem, path=renumbered)
-    return problem
 
 
 _AT_KEY = {"unused-flag"}  # problems about a key itself, not about its value

@@ -255,7 +255,7 @@ def explain_errors(exc: ValidationError, raw: Any, positions: Positions) -> list
     problems = [_problem(error, place, raw, positions) for error, place in plain]
     for at, members in unions.items():
         problems.extend(_union_problems(at, members, raw, positions))
-    return _without_typo_twins(_unique(problems), exc)
+    return _without_derived(_without_typo_twins(_unique(problems), exc), raw)
 
 
 def _union_problems(
@@ -349,6 +349,20 @@ def _without_typo_twins(problems: list[Problem], exc: ValidationError) -> list[P
             key = closest(str(loc[-1]), schema.allowed_keys(parent.expected))
             meant.add((*parent.path, key or ""))
     return [p for p in problems if not (p.code == "missing" and p.path in meant)]
+
+
+def _without_derived(problems: list[Problem], raw: Any) -> list[Problem]:
+    """Drop "missing 'start'" in a rule with an experiment: its start is the first arm, and
+    the arm's own problem is reported where it is."""
+
+    def derived(p: Problem) -> bool:
+        parent = _value_at(raw, p.path[:-1])
+        in_rule = p.path[:1] == ("rules",) and len(p.path) == 3 and p.path[-1] == "start"
+        return (
+            in_rule and p.code == "missing" and isinstance(parent, dict) and "experiment" in parent
+        )
+
+    return [p for p in problems if not derived(p)]
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:
