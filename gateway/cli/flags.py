@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 import orjson
-from rich.console import Console
 from rich.table import Table
+
+from gateway.cli.output import console
 
 _GATEWAY = "http://127.0.0.1:8080"
 
@@ -137,7 +138,7 @@ def _table(flags: list[dict[str, Any]]) -> Table:
 def _show(flags: list[dict[str, Any]]) -> None:
     """A table on a terminal; tab-separated lines, never truncated, when piped."""
     if sys.stdout.isatty():
-        Console().print(_table(flags))
+        console().print(_table(flags))
         return
     for flag in flags:
         tenants = flag["tenants"]
@@ -189,5 +190,5 @@ def _delete(args: argparse.Namespace) -> int:
     body = _call(args, "DELETE", f"/admin/flags/{args.name}", params={"reason": args.reason})
     if body is None:
         return 1
-    Console().print(f"{args.name}: back to the policy's default")
+    console().print(f"{args.name}: back to the policy's default")
     return 0

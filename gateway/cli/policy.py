@@ -208,11 +208,12 @@ def _pairs(items: Sequence[str], option: str) -> dict[str, str]:
 
 
 def _rich(result: Explanation) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from gateway.cli.output import console as make_console
+
+    console = make_console()
     features = Table(title="features", show_header=False)
     for name, value in feature_rows(result.features):
         features.add_row(escape(name), escape(value))
