@@ -172,6 +172,24 @@ async def test_explain_shows_the_running_policy_and_the_draft_side_by_side(tmp_p
     assert bad_request.json()["error"]["param"].startswith("request")
 
 
+async def test_explain_takes_the_endpoint_as_a_short_name_or_a_path(tmp_path):
+    completion = {"model": "tiny", "prompt": "Say hi", "temperature": 0.5}
+    async with stack(tmp_path) as (url, _), httpx.AsyncClient() as c:
+        answers = [
+            await c.post(
+                url + "/admin/policy/explain",
+                json={"request": completion, "endpoint": endpoint},
+                headers=AUTH,
+            )
+            for endpoint in ("completions", "/v1/completions", "nope")
+        ]
+    short, path, unknown = answers
+    assert short.status_code == 200 and short.json() == path.json()
+    assert short.json()["running"]["features"]["endpoint"] == "/v1/completions"
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "endpoint"
+    assert "chat, /v1/chat/completions, completions" in unknown.json()["error"]["message"]
+
+
 async def test_apply_is_refused_unless_turned_on(tmp_path):
     async with stack(tmp_path) as (url, services), httpx.AsyncClient() as c:
         text = (services.policy.text or "") + "# a comment\n"
