@@ -54,6 +54,22 @@ async def test_admin_refuses_missing_and_wrong_tokens(tmp_path):
     assert names == {"speculation", "spec-json"}
 
 
+async def test_the_admin_api_s_errors_are_not_counted_as_the_api_s(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        unknown_flag = await c.get(url + "/admin/flags/no-such-flag", headers=AUTH)
+        wrong = await c.get(url + "/admin/flags", headers={"authorization": "Bearer nope"})
+        unknown_model = await c.post(url + "/v1/chat/completions", json={**CHAT, "model": "x"})
+        metrics = (await c.get(url + "/metrics")).text
+    statuses = (unknown_flag.status_code, wrong.status_code, unknown_model.status_code)
+    assert statuses == (404, 403, 404)
+    counted = [x for x in metrics.splitlines() if x.startswith("speclane_request_errors_total")]
+    assert counted == ['speclane_request_errors_total{code="model_not_found",status="404"} 1.0']
+
+
 async def test_admin_is_disabled_without_a_token(tmp_path):
     fake = FakeUpstream()
     async with (

@@ -73,8 +73,13 @@ async def test_the_console_is_served_only_with_the_admin_api_and_under_a_strict_
 @pytest.mark.parametrize("overrides", [{"admin_token": None}, {"console": False}])
 async def test_the_console_is_off_without_the_admin_api_or_when_turned_off(tmp_path, overrides):
     async with stack(tmp_path, **overrides) as (url, _), httpx.AsyncClient() as c:
-        assert (await c.get(url + "/console/")).status_code == 404
-        assert (await c.get(url + "/console/static/main.js")).status_code == 404
+        answers = [await c.get(url + path) for path in ("/console", "/console/", "/console/x.js")]
+        metrics = (await c.get(url + "/metrics")).text
+    hint = "SPECLANE_ADMIN_TOKEN" if "admin_token" in overrides else "SPECLANE_CONSOLE=false"
+    for answer in answers:
+        assert answer.status_code == 404
+        assert answer.text.startswith("speclane's ops console is off: ") and hint in answer.text
+    assert "speclane_request_errors_total{" not in metrics
 
 
 async def test_pools_show_endpoints_and_need_the_token(tmp_path):
