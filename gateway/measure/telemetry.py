@@ -261,8 +261,7 @@ class Telemetry:
             ),
             _errors=counter(
                 "speclane_request_errors",
-                "OpenAI-route requests (/v1/) answered with an error before any upstream "
-                "answered",
+                "OpenAI-route requests (/v1/) answered with an error before any upstream answered",
                 ["status", "code"],
             ),
             _sync_errors=Counter(
