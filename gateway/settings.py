@@ -276,7 +276,9 @@ class Settings(BaseSettings):
         "the port closes and the drain time starts (SIGINT skips it)",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
-        "info", description="log level (`--log-level`); every line carries a timestamp"
+        "info",
+        description="log level (`--log-level`): trace, debug, info, warning, error or critical; "
+        "every line carries a timestamp",
     )
     access_log: bool = Field(False, description="one log line per request (`--access-log`)")
 

@@ -24,6 +24,8 @@ Threshold mode (``step``):
 Only samples taken since the slice entered its phase are judged, so evidence from before a
 transition never triggers the next one; with ``cooldown_s`` this is what keeps a slice from
 flapping. Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
+
+Explained for operators, with its numbers, in docs/guardrail.md.
 """
 
 from __future__ import annotations

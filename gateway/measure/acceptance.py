@@ -1,6 +1,6 @@
 """Step 6 of a request: measure it. A pure fold over upstream stream events -> ``Outcome``.
 
-Each signal reports what it can honestly see (DESIGN.md, "Measuring acceptance"). The
+Each signal reports what it can honestly see (docs/measuring.md, "The signals"). The
 universal quantity is *tokens per engine step* after the first token (prefill), which sets
 the speed, is comparable across k and is visible to every signal; the draft acceptance rate
 is reported only where drafts are visible.
@@ -34,6 +34,8 @@ A standard pool's request says ``none``: it has nothing to measure, and its deco
 T - 1 (one token each) by construction.
 
 No I/O and no clock: every time is an argument.
+
+Explained for operators, with its numbers, in docs/measuring.md ("The signals").
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ Correctness canary: at temperature 0 speculative decoding must not change the ou
 the client's request was greedy, the mirror's text is compared with the text the client got;
 the exact-match rate per slice is kept, and a slice whose mismatches pass the threshold gets
 a guardrail event.
+
+Explained for operators, with its numbers, in docs/operations.md ("Flags, shadow
+measurement and the admin API").
 """
 
 from __future__ import annotations

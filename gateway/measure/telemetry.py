@@ -18,6 +18,8 @@ weighted acceptance = accepted / drafted tokens; tokens per step = decode tokens
 steps), never as per-request rates to be averaged. Shadow mirrors count in the token
 counters (they measure the pool) but not in the latency histograms or validity, which are
 what clients saw.
+
+Explained for operators, with its numbers, in docs/observability.md ("Metrics").
 """
 
 from __future__ import annotations
