@@ -37,15 +37,21 @@ def test_a_real_answer_says_what_it_carried(fixture, expected):
     assert facts.answer((REAL / fixture).read_bytes()) == expected
 
 
-def test_a_real_speculative_vllm_with_the_flag_needs_no_advice():
-    pages = Pages(
+def ngram_server(answered: str) -> Pages:
+    """The real ngram server's pages, the probe answered with the fixture ``answered``."""
+    metrics = (REAL / "ngram" / "metrics.txt").read_text()
+    return Pages(
         "http://spec:8000",
         facts.Models(("tiny",), "vllm"),
         version="0.32.0",
-        metrics=(REAL / "ngram" / "metrics.txt").read_text(),
-        metrics_after=(REAL / "ngram" / "metrics.txt").read_text(),
-        answer=facts.answer((REAL / "chat-stream-include-usage.sse").read_bytes()),
+        metrics=metrics,
+        metrics_after=metrics,
+        answer=facts.answer((REAL / answered).read_bytes()),
     )
+
+
+def test_a_real_speculative_vllm_with_the_flag_needs_no_advice():
+    pages = ngram_server("chat-stream-include-usage.sse")
     found = recognise(pages)
     assert (found.engine, found.speculates, found.k, found.per_request) == (
         Engine.VLLM, True, 4, True
@@ -57,13 +63,7 @@ def test_a_real_speculative_vllm_with_the_flag_needs_no_advice():
 
 
 def test_without_per_request_metrics_the_flag_is_named():
-    pages = Pages(
-        "http://spec:8000",
-        facts.Models(("tiny",), "vllm"),
-        version="0.32.0",
-        metrics=(REAL / "ngram" / "metrics.txt").read_text(),
-        answer=facts.answer((REAL / "standard" / "chat-stream-include-usage.sse").read_bytes()),
-    )
+    pages = ngram_server("standard/chat-stream-include-usage.sse")  # an answer without them
     [line] = advice(recognise(pages), "spec")
     assert "--per-request-spec-decode-metrics summary" in line
     older = advice(recognise(replace(pages, version="0.28.1")), "spec")
