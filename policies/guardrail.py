@@ -28,6 +28,8 @@ flapping.
 In either mode an ``alarm`` (the shadow canary's) moves a slice one rung down at once.
 
 Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
+
+Explained for operators, with its numbers, in docs/guardrail.md.
 """
 
 from __future__ import annotations

@@ -143,9 +143,10 @@ class Place:
     branch: Any = None
 
 
-def walk(loc: tuple[str | int, ...]) -> Place:
-    """Follow ``loc`` from the top of the file; unknown parts keep the path, lose the type."""
-    expected: Any = m.PolicyFile
+def walk(loc: tuple[str | int, ...], root: Any = m.PolicyFile) -> Place:
+    """Follow ``loc`` from the top of the file (a ``root`` model, the policy file unless
+    said); unknown parts keep the path, lose the type."""
+    expected: Any = root
     path: Path = ()
     union_at: Path | None = None
     branch: Any = None

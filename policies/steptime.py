@@ -33,6 +33,8 @@ parts of its line within a factor ~1.6 of what the relation says, together),
 ``TRANSFER_SD`` (the relation itself holds within ~15% for each part: the draft's cost and
 the attention share vary), ``NOISE_SD`` (one request's mean step time is within ~15% of
 the line: prefills and batch changes during its life).
+
+Explained for operators, with its numbers, in docs/guardrail.md ("The economic guardrail").
 """
 
 from __future__ import annotations

@@ -97,14 +97,24 @@ GATEWAY_LAYERS: list[set[str]] = [
     {"__main__"},  # the entry point
     {"cli"},  # nothing but the entry point imports the cli
     {"demo"},
-    {"replay", "report"},
+    {"replay", "report", "setup"},
     {"server"},  # the HTTP surface: app, routes, admin API
     {"lifespan"},  # startup and shutdown as named steps
     {"pipeline", "lifecycle"},  # the request path; the background work
     {"services"},  # the container of collaborators
     {"forward", "state"},  # to and from the pools; what outlives a request
     {"measure"},  # outcomes, live stats, metrics, traces
-    {"classify", "errors", "gate", "identity", "plotting", "schema", "settings", "tokens"},
+    {
+        "classify",
+        "endpoints",
+        "errors",
+        "gate",
+        "identity",
+        "plotting",
+        "schema",
+        "settings",
+        "tokens",
+    },
 ]
 _LAYER = {unit: i for i, layer in enumerate(GATEWAY_LAYERS) for unit in layer}
 

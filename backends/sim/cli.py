@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 import uvicorn
@@ -23,6 +24,16 @@ from backends.sim.server import create_app, uvicorn_config
 logger = logging.getLogger(__name__)
 
 _HELP = "run a simulated vLLM server (speculative or standard decoding)"
+
+
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default (flags that are off say nothing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        off = action.default is None or action.default is False or action.default == ""
+        if off or isinstance(action, argparse._StoreFalseAction):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +50,9 @@ def _fault_options(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``sim`` sub-command to ``subparsers`` (from ``add_subparsers()``)."""
-    parser: argparse.ArgumentParser = subparsers.add_parser("sim", help=_HELP, description=_HELP)
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "sim", help=_HELP, description=_HELP, formatter_class=_Defaults
+    )
     build_parser(parser)
     return parser
 
@@ -47,10 +60,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Put every ``sim`` option on ``parser`` and make ``run`` its handler."""
     add = parser.add_argument
-    add("--host", default="127.0.0.1")
-    add("--port", type=int, default=8101)
-    add("--mode", choices=[m.value for m in Mode], default=Mode.SPECULATIVE.value)
-    add("--k", type=int, default=4, help="num_speculative_tokens")
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=int, default=8101, help="port to listen on")
+    add(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.SPECULATIVE.value,
+        help="speculative or standard decoding",
+    )
+    add("--k", type=int, default=4, help="num_speculative_tokens (speculative mode)")
     add(
         "--method",
         choices=[m.value for m in Method],
@@ -58,9 +76,14 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="proposer: a draft model drafts k every step; ngram only where the context "
         "repeats, and a step without a match drafts nothing",
     )
-    add("--model", action="append", dest="models", help="served model name (repeatable)")
-    add("--seed", type=int, default=0)
-    add("--max-num-seqs", type=int, default=256)
+    add(
+        "--model",
+        action="append",
+        dest="models",
+        help="served model name (repeatable; default: qwen3-32b)",
+    )
+    add("--seed", type=int, default=0, help="seed of the simulated answers and acceptance")
+    add("--max-num-seqs", type=int, default=256, help="sequences in one batch, like vLLM's")
     add("--time-scale", type=float, default=1.0, help="multiplies every simulated duration")
     add("--zero-latency", action="store_true", help="answer at once (overhead benchmarks)")
     add(
@@ -95,16 +118,21 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="trtllm: turn speculation off for good when the rolling draft acceptance of the "
         "last --acceptance-rate-window-size finished requests falls below this",
     )
-    add("--acceptance-rate-window-size", type=int, default=0)
+    add(
+        "--acceptance-rate-window-size",
+        type=int,
+        default=0,
+        help="trtllm: finished requests the threshold above looks at",
+    )
     add(
         "--no-prometheus",
         action="store_false",
         dest="prometheus",
         help="trtllm: no /prometheus/metrics (a server without return_perf_metrics)",
     )
-    add("--default-max-tokens", type=int, default=256)
-    add("--max-model-len", type=int, default=32768)
-    add("--max-logprobs", type=int, default=20)
+    add("--default-max-tokens", type=int, default=256, help="max_tokens when a request has none")
+    add("--max-model-len", type=int, default=32768, help="prompt plus answer, in tokens")
+    add("--max-logprobs", type=int, default=20, help="the most top_logprobs a request may ask")
     _fault_options(parser)
     parser.set_defaults(handler=run)
     return parser
@@ -153,19 +181,27 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         logger.error("bad sim configuration: %s", exc)
         return 2
-    logger.info(
-        "simulated vLLM (%s, %s, k=%d) on %s:%d",
-        config.mode,
-        config.method,
-        config.k,
-        args.host,
-        args.port,
-    )
+    where = f"http://{args.host}:{args.port}"
+    sys.stderr.write(f"speclane sim: serving {describe(config, where)}\n")
+    sys.stderr.flush()
     server = uvicorn.Server(uvicorn_config(create_app(config), args.host, args.port, loop="uvloop"))
     server.run()
     return 0
 
 
+def describe(config: SimConfig, where: str) -> str:
+    """One line: what it serves, where, the engine played and how it decodes."""
+    if config.mode is Mode.SPECULATIVE:
+        decoding = f"speculative decoding: {config.method.value}, k={config.k}"
+    else:
+        decoding = "standard decoding"
+    models = ", ".join(config.served_model_names)
+    scale = f", time scale {config.time_scale:g}" if config.time_scale != 1 else ""
+    return f"{models} on {where} (simulated {config.engine.value}, {decoding}{scale})"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(argparse.ArgumentParser(prog="python -m backends.sim"))
+    parser = build_parser(
+        argparse.ArgumentParser(prog="python -m backends.sim", formatter_class=_Defaults)
+    )
     return run(parser.parse_args(argv))

@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy.read_text(), str(args.policy))
-        scenarios = [load_scenario(path.read_text()) for path in args.scenario]
+        scenarios = [load_scenario(path.read_bytes(), str(path)) for path in args.scenario]
         log = read_log(args.log.read_text()) if args.log else []
     except (OSError, ValueError, PolicyError) as exc:
         sys.stderr.write(f"{exc}\n")
@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"{scenario.name}: {exc}\n")
             return 1
         summary = summarise(result, policy)
+        for why, n in sorted(result.skipped.items()):
+            sys.stderr.write(f"{scenario.name}: left out {n} logged request(s): {why}\n")
         summaries.append(summary)
         if not args.json:
             sys.stdout.write(markdown_row(summary) + "\n")

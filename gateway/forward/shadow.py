@@ -9,6 +9,9 @@ shutdown.
 
 When the client's request was greedy, the mirror's text goes to the correctness canary
 (``gateway/measure/canary.py``) to be compared with the text the client got.
+
+Explained for operators, with its numbers, in docs/operations.md ("Flags, shadow
+measurement and the admin API").
 """
 
 from __future__ import annotations

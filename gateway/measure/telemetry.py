@@ -18,6 +18,8 @@ weighted acceptance = accepted / drafted tokens; tokens per step = decode tokens
 steps), never as per-request rates to be averaged. Shadow mirrors count in the token
 counters (they measure the pool) but not in the latency histograms or validity, which are
 what clients saw.
+
+Explained for operators, with its numbers, in docs/observability.md ("Metrics").
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ _COUNTERS: dict[str, tuple[str, str, list[str]]] = {  # _Counters
     "shadow": ("speclane_shadow_mirrors", "shadow mirrors, by result", ["pool", "result"]),
     "errors": (
         "speclane_request_errors",
-        "requests answered with an error before any upstream answered",
+        "OpenAI-route requests (/v1/) answered with an error before any upstream answered",
         ["status", "code"],
     ),
 }

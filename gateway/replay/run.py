@@ -29,6 +29,7 @@ from backends.sim.cluster import Cluster, Served
 from backends.sim.config import Mode, SimConfig
 from gateway import schema
 from gateway.classify import Defaults, classify
+from gateway.errors import ApiError
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
 from gateway.measure.livestats import LiveStats
 from gateway.measure.load import Smoothed
@@ -77,6 +78,7 @@ class Replay:
     endpoints: dict[str, int]
     rows: list[Row] = field(default_factory=list)
     events: list[Transition] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # logged requests left out, by why
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,13 +207,23 @@ class _Driver:
     def _ask(self, now: float, ask: _Ask) -> None:
         index = next(self.ids)
         kind: schema.Kind = "chat" if ask.path == _PATH else "completion"
-        parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+        try:
+            parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+        except ApiError as exc:  # a log line edited by hand: the gateway logs valid ones
+            self._skip(f"not a valid request: {exc.message}")
+            return
         request_id = f"{self.scenario.name}-{index}"
         features = classify(parsed, ask.path, ask.headers, request_id, Defaults())
         decision = decide(features, self.policy, self.flags, self.stats.guards, now)
+        if decision.pool not in self.cluster.pools:  # a logged request for another model
+            self._skip(f"model {parsed.model!r} is not on the ladder replayed ({self.model})")
+            return
         self._submit(now, index, ask, decision, shadow=False)
         if decision.shadow_to is not None:
             self._submit(now, next(self.ids), ask, _mirror(decision), shadow=True)
+
+    def _skip(self, why: str) -> None:
+        self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
 
     def _submit(
         self, now: float, index: int, ask: _Ask, decision: Decision, *, shadow: bool
@@ -376,5 +388,7 @@ def read_log(text: str) -> list[Logged]:
 def replay(policy: CompiledPolicy, scenario: Scenario, log: Sequence[Logged] = ()) -> Replay:
     """Run ``scenario`` against ``policy``; deterministic for the same inputs. With ``log``,
     its requests arrive at their recorded offsets instead of the scenario's traffic (the
-    scenario still gives the duration, phases and acceptance drift)."""
+    scenario still gives the duration, phases and acceptance drift); a logged request for a
+    model this ladder does not serve (the gateway answered it 404, or another ladder served
+    it) is left out and counted in ``Replay.skipped``."""
     return _Driver(policy, scenario).run(log)

@@ -3,6 +3,7 @@
     GET  /admin/policy/source    running text, version, last reload, the file on disk
     POST /admin/policy/lint      {"text"} -> every problem, placed (line, column)
     POST /admin/policy/explain   {"request", "endpoint", "headers", "draft"} -> the decision
+                                 ("endpoint": a short name or a path, gateway/endpoints.py)
                                  under the running policy and under the draft, side by side
     POST /admin/policy/apply     {"text", "base_version", "reason", "dry_run"}
 
@@ -23,7 +24,7 @@ import difflib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import schema
+from gateway import endpoints, schema
 from gateway.classify import Defaults, classify
 from gateway.errors import JSON, ApiError
 from gateway.lifecycle import reload_policy
@@ -41,7 +42,6 @@ from gateway.state.policyfile import version_of
 from gateway.state.policywrite import PolicyReadOnly, replace_text, unwritable
 from policies.compiled import CompiledPolicy, load_policy
 from policies.explain import explain
-from policies.features import Endpoint
 from policies.flags import FlagValue, merged
 from policies.lint import lint
 from policies.problems import PolicyError, Problem, dotted
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 Model = TypeVar("Model", bound=BaseModel)
 MAX_DRAFT_BYTES = 1024 * 1024
-_ENDPOINTS = {"chat": Endpoint.CHAT, "completions": Endpoint.COMPLETIONS}
 Text = Annotated[str, Field(max_length=MAX_DRAFT_BYTES)]
 
 
@@ -64,7 +63,7 @@ class LintBody(_Body):
 
 class ExplainBody(_Body):
     request: dict[str, Any]
-    endpoint: Literal["chat", "completions"] = "chat"
+    endpoint: Annotated[str, Field(max_length=100)] = "chat"  # a short name or a path
     headers: dict[str, Annotated[str, Field(max_length=1000)]] = {}
     draft: Text | None = None
 
@@ -231,19 +230,20 @@ def _explained(
     overrides: Mapping[str, FlagValue],
     defaults: Defaults,
 ) -> dict[str, Any]:
-    path = _ENDPOINTS[body.endpoint].value
+    try:
+        api = endpoints.named(body.endpoint)
+    except ValueError as exc:
+        raise ApiError(status=400, message=str(exc), param="endpoint") from None
     headers = {k.lower(): v for k, v in body.headers.items()}
     try:
-        parsed, _ = schema.parse(
-            orjson.dumps(body.request), "chat" if body.endpoint == "chat" else "completion"
-        )
+        parsed, _ = schema.parse(orjson.dumps(body.request), api.kind)
     except ApiError as exc:
         raise ApiError(
             status=400,
             message=f"request: {exc.message}",
             param=f"request.{exc.param or ''}".rstrip("."),
         ) from None
-    features = classify(parsed, path, headers, "explain", defaults)
+    features = classify(parsed, api.path.value, headers, "explain", defaults)
     out: dict[str, Any] = {
         "running": explain(features, running, merged(running.file.flags, overrides)).as_json()
     }

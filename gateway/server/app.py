@@ -41,7 +41,7 @@ from gateway.measure.signals import SignalsSeen
 from gateway.measure.telemetry import Telemetry
 from gateway.server.admin import Admin
 from gateway.server.api import Api
-from gateway.server.console.routes import console_routes
+from gateway.server.console.routes import console_off_routes, console_routes
 from gateway.server.fastlane import FastLane
 from gateway.services import Services
 from gateway.settings import Settings
@@ -257,6 +257,8 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     ]
     if settings.admin_token is not None and settings.console:
         routes += console_routes()
+    else:
+        routes += console_off_routes(admin_api=settings.admin_token is not None)
     on_api_error = _counted(services.telemetry)
     app = Starlette(
         routes=routes,
@@ -272,9 +274,13 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
 
 
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """Errors of the OpenAI routes are counted; the admin API's (a wrong token, an unknown
+    flag) and the console's are the operator's, not the clients'."""
+
     async def handler(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        telemetry.error(exc.status, exc.code or exc.type)
+        if request.scope["path"].startswith("/v1/"):
+            telemetry.error(exc.status, exc.code or exc.type)
         return await api_error_handler(request, exc)
 
     return handler

@@ -25,6 +25,8 @@ Redis down: every failure marks the store degraded (``/readyz`` detail, a metric
 replica keeps serving on its last snapshot and local windows, applies its own transitions,
 and keeps trying; when Redis answers again, it pushes what it holds and pulls the rest.
 Keys expire: windows after twice their span, guardrail states after ``guard_ttl_s`` idle.
+
+Explained for operators, with its numbers, in docs/operations.md ("Several replicas: Redis").
 """
 
 from __future__ import annotations
