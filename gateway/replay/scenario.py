@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from backends.sim.model import DriftPoint
 from backends.sim.workload import CREATIVE_TEMPERATURE, Workload
 
@@ -170,12 +171,15 @@ class Scenario(_Strict):
     traffic: Annotated[list[Traffic], Field(min_length=1)]
     acceptance: list[Drift] = []
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @model_validator(mode="after")
     def _names(self) -> Scenario:
         names = [t.name for t in self.traffic]
         if len(set(names)) != len(names):
             raise ValueError("traffic class names must be unique")
+        if self.max_num_batched_tokens <= self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must exceed max_num_seqs")
         return self
 
     def drift_points(self) -> tuple[DriftPoint, ...]:
