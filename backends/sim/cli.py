@@ -17,7 +17,7 @@ import uvicorn
 
 from backends.sim.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_STREAM_COST_S,
+    DEFAULT_STREAM_COST_US,
     Faults,
     Mode,
     SimConfig,
@@ -78,10 +78,11 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add(
         "--stream-cost-us",
         type=float,
-        default=DEFAULT_STREAM_COST_S * 1e6,
-        help="the API server's output processing per request and step (model microseconds); "
-        "a request's step outputs merge into one SSE chunk when its step's requests need "
-        "more than the step lasts; 0 never merges",
+        default=DEFAULT_STREAM_COST_US,
+        help="the API server's output processing per request and step (model microseconds; "
+        "the default is what vLLM's took on one CPU core): a request's step outputs merge "
+        "into one SSE chunk when its step's requests need more than the step lasts; 0 never "
+        "merges",
     )
     add("--time-scale", type=float, default=1.0, help="multiplies every simulated duration")
     add("--zero-latency", action="store_true", help="answer at once (overhead benchmarks)")

@@ -17,9 +17,11 @@ from backends.sim.workload import Workload
 # an A100 (H100, H200, MI300X: the cards a 32B target fits on alone); 2048 on smaller cards
 # and CPUs (vllm/engine/arg_utils.py, EngineArgs._set_default_args).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-# The API server's output processing per request and engine step, in seconds (see
-# SimConfig): what vLLM's output path measured per delivered SSE chunk on one CPU core.
-DEFAULT_STREAM_COST_S = 150e-6
+# The API server's output processing per request and engine step, in microseconds (see
+# SimConfig): vLLM 0.32's API server process spent a median 208 us of CPU per streamed chat
+# output (148-252 us over 9 rounds) on this project's 2-core machine (bench/RESULTS.md,
+# "Simulator: chunked prefill and merged chunks"; bench/vllm_stream_cost.py).
+DEFAULT_STREAM_COST_US = 200.0
 
 
 class Mode(StrEnum):
@@ -105,7 +107,7 @@ class SimConfig:
     seed: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    stream_cost_s: float = DEFAULT_STREAM_COST_S
+    stream_cost_s: float = DEFAULT_STREAM_COST_US / 1e6
     time_scale: float = 1.0
     zero_latency: bool = False
     cost: CostModel = field(default_factory=CostModel)

@@ -18,24 +18,13 @@ import pytest
 from backends.sim.cluster import Cluster, Served
 from backends.sim.config import Mode, SimConfig
 from backends.sim.engine import Engine, Scheduler, Sequence, Step, StepEvent, merge_factor
-from backends.sim.model import CostModel, RequestProfile, build_profile
+from backends.sim.model import CostModel, build_profile
 from backends.sim.pacing import timings
-from backends.sim.workload import Workload
+from tests.backends.sim.conftest import FakeTime
+from tests.backends.sim.test_sim_engine import profile
 
 K = 4
 Server = Callable[[SimConfig], contextlib.AbstractAsyncContextManager[str]]
-
-
-def profile(tokens: int, *, prompt: int, index: int = 0, a: float = 0.8) -> RequestProfile:
-    return RequestProfile(
-        workload=Workload.CODE,
-        prompt_tokens=prompt,
-        max_tokens=tokens,
-        output_tokens=tokens,
-        finish_reason="length",
-        acceptance=a,
-        seed_key=f"batching:{index}",
-    )
 
 
 def used(step: Step) -> int:
@@ -105,20 +94,6 @@ def test_admission_stops_at_the_budget_and_the_seats() -> None:
     assert used(second) == 1 + 20 + 60
     run(s)
     assert all(seq.finished for seq in seqs)
-
-
-class FakeTime:
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 async def finish(seqs: list[Sequence]) -> None:
