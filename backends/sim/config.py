@@ -138,21 +138,17 @@ class SimConfig:
             raise ValueError("time_scale must not be negative")
         if self.stream_cost_s < 0:
             raise ValueError("stream_cost_s must not be negative")
-        self._check_budget()
-
-    def _check_budget(self) -> None:
-        """vLLM's checks: a token per seat, and room beside a draft model's reserved slots."""
-        budget, seats = self.max_num_batched_tokens, self.max_num_seqs
-        if budget < seats:
+        if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
-                f"max_num_batched_tokens ({budget}) must be greater than or equal to "
-                f"max_num_seqs ({seats})"
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than "
+                f"or equal to max_num_seqs ({self.max_num_seqs})"
             )
-        if self.speculative and self.method is Method.DRAFT_MODEL and budget <= seats:
-            raise ValueError(
-                f"max_num_batched_tokens ({budget}) must exceed max_num_seqs ({seats}): a "
-                "draft model keeps one slot per sequence"
-            )
+        if (
+            self.speculative
+            and self.method is Method.DRAFT_MODEL
+            and self.max_num_batched_tokens < 2
+        ):
+            raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
 
     @property
     def speculative(self) -> bool:

@@ -5,7 +5,8 @@ vLLM V1 does, within a budget of ``max_num_batched_tokens`` tokens per step: the
 sequences first, in the order they were admitted (a decoding one takes 1 token plus its
 draft tokens, one still in prefill the rest of its prompt, as much as the budget leaves),
 then waiting ones while budget and ``max_num_seqs`` seats last, each taking as much of its
-prompt as the budget leaves. So a long prompt is prefilled in chunks over several steps,
+prompt as the budget leaves (on a draft-model server every scheduled sequence also takes a
+slot for the draft's input). So a long prompt is prefilled in chunks over several steps,
 sharing them with the decodes, and its first token comes out of the step that finishes its
 prefill. A step's cost prices its prefill-chunk tokens and its verified tokens
 (``CostModel``), and the step returns one ``StepEvent`` per scheduled sequence (a prefill
@@ -236,10 +237,10 @@ def deliver(events: Scheduled, merge: int) -> Scheduled:
 class Scheduler:
     """Continuous batching over sequences; pure step logic (see the module docstring).
 
-    ``max_num_batched_tokens`` is vLLM's per-step token budget. A draft-model server keeps
-    one slot per seat for the draft model's input, as vLLM does, so its scheduler hands out
-    ``max_num_batched_tokens - max_num_seqs``. ``stream_cost_s`` is the API server's output
-    processing per request and step (0: every step's output goes at once).
+    ``max_num_batched_tokens`` is vLLM's per-step token budget. On a draft-model server each
+    scheduled sequence also takes one slot of it for the draft model's input, as in vLLM
+    (``draft_slots``). ``stream_cost_s`` is the API server's output processing per request
+    and step (0: every step's output goes at once).
     """
 
     def __init__(
@@ -259,11 +260,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.stream_cost_s = stream_cost_s
-        if self.token_budget < 1:
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) leaves no tokens to "
-                f"schedule beside max_num_seqs ({max_num_seqs}) slots for the draft model"
-            )
+        if max_num_batched_tokens <= 1:
+            raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
         self.cost = cost or CostModel()
         self.counters = EngineCounters(k)
         # told of every step and its prefill tokens (engines' iteration stats are built on it)
@@ -285,10 +283,10 @@ class Scheduler:
         )
 
     @property
-    def token_budget(self) -> int:
-        """Tokens one step may schedule."""
-        drafting = self.speculative and self.method is Method.DRAFT_MODEL
-        return self.max_num_batched_tokens - (self.max_num_seqs if drafting else 0)
+    def draft_slots(self) -> int:
+        """Budget each scheduled sequence takes beside its own tokens: 1 for a draft model's
+        input, none for an n-gram lookup or a standard server."""
+        return int(self.speculative and self.method is Method.DRAFT_MODEL)
 
     @property
     def num_running(self) -> int:
@@ -360,25 +358,25 @@ class Scheduler:
     def _schedule(self) -> tuple[list[tuple[Sequence, StepEvent]], list[Sequence], int]:
         """Run the running sequences, then admit waiting ones, within the token budget;
         the events, the admitted sequences and the prompt tokens computed."""
-        budget = self.token_budget
+        budget, slots = self.max_num_batched_tokens, self.draft_slots
         events: list[tuple[Sequence, StepEvent]] = []
         prefill = 0
         for seq in self._running:
-            if budget <= 0:
+            if budget <= slots:
                 break
             in_prefill = seq.emitted == 0
-            event, used = self.advance(seq, budget)
+            event, used = self.advance(seq, budget - slots)
             prefill += used if in_prefill else 0
-            budget -= used
+            budget -= used + slots
             events.append((seq, event))
         admitted = []
-        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
+        while self._waiting and budget > slots and len(self._running) < self.max_num_seqs:
             seq = self._waiting.popleft()
             self._running.append(seq)
             admitted.append(seq)
-            event, used = self.advance(seq, budget)
+            event, used = self.advance(seq, budget - slots)
             prefill += used
-            budget -= used
+            budget -= used + slots
             events.append((seq, event))
         return events, admitted, prefill
 

@@ -178,8 +178,8 @@ class Scenario(_Strict):
         names = [t.name for t in self.traffic]
         if len(set(names)) != len(names):
             raise ValueError("traffic class names must be unique")
-        if self.max_num_batched_tokens <= self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must exceed max_num_seqs")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
         return self
 
     def drift_points(self) -> tuple[DriftPoint, ...]:

@@ -18,7 +18,7 @@ import pytest
 from backends.sim.cluster import Cluster, Served
 from backends.sim.config import Mode, SimConfig
 from backends.sim.engine import Engine, Scheduler, Sequence, Step, StepEvent, merge_factor
-from backends.sim.model import CostModel, build_profile
+from backends.sim.model import CostModel, Method, build_profile
 from backends.sim.pacing import timings
 from tests.backends.sim.conftest import FakeTime
 from tests.backends.sim.test_sim_engine import profile
@@ -39,19 +39,19 @@ def run(s: Scheduler) -> list[Step]:
     return steps
 
 
-def test_every_step_keeps_to_the_budget_less_the_draft_models_slots() -> None:
-    s = Scheduler(speculative=True, k=K, max_num_seqs=8, max_num_batched_tokens=72)
-    assert s.token_budget == 64  # one slot per seat kept for the draft model's input
+def test_every_step_keeps_to_the_budget_with_a_draft_slot_per_sequence() -> None:
+    s = Scheduler(speculative=True, k=K, max_num_seqs=8, max_num_batched_tokens=64)
+    assert s.draft_slots == 1  # each scheduled sequence also takes a slot for the draft model
     seqs = [Sequence(profile(30, prompt=45, index=i), K) for i in range(6)]
     for seq in seqs:
         s.submit(seq)
     steps = run(s)
-    assert all(used(step) <= 64 for step in steps)
-    assert max(used(step) for step in steps) == 64  # prefill chunks fill what decodes leave
+    assert all(used(step) + len(step.events) <= 64 for step in steps)
+    assert max(used(step) + len(step.events) for step in steps) == 64  # prefills fill the rest
     assert all(seq.finished for seq in seqs)
     assert s.counters.prompt_tokens == 6 * 45 == sum(step.prefill_tokens for step in steps)
-    standard = Scheduler(speculative=False, k=K, max_num_seqs=8, max_num_batched_tokens=72)
-    assert standard.token_budget == 72
+    assert Scheduler(speculative=False, k=K, max_num_seqs=8).draft_slots == 0
+    assert Scheduler(speculative=True, k=K, max_num_seqs=8, method=Method.NGRAM).draft_slots == 0
 
 
 def test_a_long_prompt_is_prefilled_over_several_steps_beside_the_decodes() -> None:

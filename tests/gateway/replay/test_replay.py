@@ -50,7 +50,7 @@ def test_shipped_scenarios_parse_and_cover_the_issue():
         ("[", "not YAML"),
         (SMALL.replace("clients: 3", "clients: 3, rate: 1"), "exactly one of clients or rate"),
         (SMALL.replace("temperature: 0.7", "temperature: 1.2"), "chat needs temperature"),
-        (SMALL + "max_num_batched_tokens: 256\n", "must exceed max_num_seqs"),
+        (SMALL + "max_num_batched_tokens: 255\n", "at least max_num_seqs"),
     ],
 )
 def test_bad_scenarios_say_what_is_wrong(text, message):
@@ -91,7 +91,7 @@ traffic:
   - {name: code, workload: code, max_tokens: 8, prompt_tokens: 1000, clients: 1}
 """
     roomy = replay(POLICY, load_scenario(long))
-    tight = replay(POLICY, load_scenario(long + "max_num_batched_tokens: 108\n"))
+    tight = replay(POLICY, load_scenario(long + "max_num_batched_tokens: 101\n"))
     one, chunked = roomy.rows[0], tight.rows[0]
     assert (one.pool, one.tokens) == (chunked.pool, chunked.tokens) == ("spec", 8)
     steps = (
