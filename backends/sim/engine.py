@@ -204,9 +204,7 @@ def merge_factor(outputs: int, seconds: float, cost_s: float) -> int:
     return max(1, math.ceil(outputs * cost_s / seconds - 1e-9))
 
 
-def _joined(held: StepEvent | None, event: StepEvent) -> StepEvent:
-    if held is None:
-        return event
+def _joined(held: StepEvent, event: StepEvent) -> StepEvent:
     return StepEvent(
         held.start,
         held.tokens + event.tokens,
@@ -214,24 +212,6 @@ def _joined(held: StepEvent | None, event: StepEvent) -> StepEvent:
         held.accepted + event.accepted,
         event.finished,
     )
-
-
-def deliver(events: Scheduled, merge: int) -> Scheduled:
-    """What each request receives after a step whose merge factor is ``merge``: its first
-    token and its last output at once, other outputs held until ``merge`` steps' worth have
-    queued up (the holding state lives on each ``Sequence``)."""
-    out = []
-    for seq, event in events:
-        if not event.tokens:
-            continue
-        joined = _joined(seq.held, event)
-        seq.held_steps += 1
-        if event.start == 0 or event.finished or seq.held_steps >= merge:
-            seq.held, seq.held_steps = None, 0
-            out.append((seq, joined))
-        else:
-            seq.held = joined
-    return tuple(out)
 
 
 class Scheduler:
@@ -268,6 +248,7 @@ class Scheduler:
         self.on_step: Callable[[Step, int], None] | None = None
         self._running: list[Sequence] = []
         self._waiting: deque[Sequence] = deque()
+        self._holding = 0  # sequences with outputs held back
 
     @classmethod
     def for_config(cls, config: SimConfig) -> Scheduler:
@@ -305,6 +286,9 @@ class Scheduler:
     def cancel(self, seq: Sequence) -> None:
         """Drop a sequence wherever it is (client went away); no-op once it finished."""
         seq.cancelled = True
+        if seq.held is not None:
+            self._holding -= 1
+            seq.held = None
         if seq in self._running:
             self._running.remove(seq)
         elif seq in self._waiting:
@@ -319,14 +303,14 @@ class Scheduler:
         drafted = accepted = 0
         if self.speculative:
             drafted = self._draft_length(seq)
-            if budget is not None:
-                drafted = min(drafted, budget - 1)
-        if drafted:
-            accepted = sample_accepted(seq.rng, seq.profile.draft_acceptance(self.method), drafted)
-            seq.tally.add(drafted, accepted)
-            self.counters.count_spec(drafted, accepted)
-        tokens = min(accepted + 1, seq.profile.output_tokens - seq.emitted)
-        return self._emit(seq, tokens, drafted, accepted), 1 + drafted
+            if budget is not None and drafted >= budget:
+                drafted = budget - 1
+            if drafted:
+                a = seq.profile.draft_acceptance(self.method)
+                accepted = sample_accepted(seq.rng, a, drafted)
+                seq.tally.add(drafted, accepted)
+                self.counters.count_spec(drafted, accepted)
+        return self._emit(seq, accepted + 1, drafted, accepted), 1 + drafted
 
     def _prefill(self, seq: Sequence, budget: int | None) -> tuple[StepEvent, int]:
         prompt = seq.profile.prompt_tokens
@@ -340,12 +324,17 @@ class Scheduler:
         return self._emit(seq, 1, 0, 0), chunk
 
     def _emit(self, seq: Sequence, tokens: int, drafted: int, accepted: int) -> StepEvent:
+        """``tokens`` more of ``seq``'s answer, cut at its length."""
         start = seq.emitted
+        left = seq.profile.output_tokens - start
+        finished = tokens >= left
+        if finished:
+            tokens = left
         self.counters.generation_tokens += tokens
-        seq.emitted += tokens
+        seq.emitted = start + tokens
         seq.steps += 1
-        seq.finished = seq.emitted >= seq.profile.output_tokens
-        return StepEvent(start, tokens, drafted, accepted, seq.finished)
+        seq.finished = finished
+        return StepEvent(start, tokens, drafted, accepted, finished)
 
     def _draft_length(self, seq: Sequence) -> int:
         """Draft tokens proposed for this step of ``seq`` (0: nothing to propose)."""
@@ -389,10 +378,13 @@ class Scheduler:
         # The target verifies each decoding sequence's token plus its drafts; a draft model
         # runs k passes over the sequences it drafted for, an n-gram lookup costs next to
         # nothing.
-        decoding = [e for _, e in events if e.start > 0]
-        verified = sum(1 + e.drafted for e in decoding)
-        drafting = sum(e.drafted > 0 for e in decoding)
-        if not (self.speculative and self.method is Method.DRAFT_MODEL):
+        verified = drafting = with_tokens = 0
+        for _, e in events:
+            with_tokens += e.tokens > 0
+            if e.start:
+                verified += 1 + e.drafted
+                drafting += e.drafted > 0
+        if not self.draft_slots:
             drafting = 0
         seconds = self.cost.step_seconds(
             verified_tokens=verified,
@@ -400,12 +392,35 @@ class Scheduler:
             draft_passes=self.k if drafting else 0,
             drafting_seqs=drafting,
         )
-        merge = merge_factor(sum(e.tokens > 0 for _, e in events), seconds, self.stream_cost_s)
-        outputs = deliver(events, merge)
+        merge = merge_factor(with_tokens, seconds, self.stream_cost_s)
+        if merge == 1 and not self._holding and with_tokens == len(events):
+            outputs = events  # the usual case: every request gets its step's tokens at once
+        else:
+            outputs = self._deliver(events, merge)
         step = Step(seconds, events, outputs, tuple(admitted), prefill_tokens, merge)
         if self.on_step is not None:
             self.on_step(step, prefill_tokens)
         return step
+
+    def _deliver(self, events: Scheduled, merge: int) -> Scheduled:
+        """What each request receives after a step whose merge factor is ``merge``: its first
+        token and its last output at once, other outputs held until ``merge`` steps' worth
+        have queued up (the holding state lives on each ``Sequence``)."""
+        out = []
+        for seq, event in events:
+            if not event.tokens:
+                continue
+            held = seq.held
+            joined = event if held is None else _joined(held, event)
+            seq.held_steps += 1
+            if event.start == 0 or event.finished or seq.held_steps >= merge:
+                self._holding -= held is not None
+                seq.held, seq.held_steps = None, 0
+                out.append((seq, joined))
+            else:
+                self._holding += held is None
+                seq.held = joined
+        return tuple(out)
 
     def run_alone(self, seq: Sequence) -> list[StepEvent]:
         """Every step of one sequence at once, outside the batch (zero-latency mode)."""
