@@ -16,7 +16,14 @@ from typing import Any
 
 import uvicorn
 
-from backends.sim.config import Faults, Mode, SimConfig, parse_drift
+from backends.sim.config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_STREAM_COST_US,
+    Faults,
+    Mode,
+    SimConfig,
+    parse_drift,
+)
 from backends.sim.dialects import SimEngine
 from backends.sim.model import Method
 from backends.sim.server import create_app, uvicorn_config
@@ -84,6 +91,22 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     add("--seed", type=int, default=0, help="seed of the simulated answers and acceptance")
     add("--max-num-seqs", type=int, default=256, help="sequences in one batch, like vLLM's")
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="tokens one engine step may schedule (decodes first, then prefill chunks); "
+        "vLLM's default for its API server on an H100-class card",
+    )
+    add(
+        "--stream-cost-us",
+        type=float,
+        default=DEFAULT_STREAM_COST_US,
+        help="the API server's output processing per request and step (model microseconds; "
+        "the default is what vLLM's took on one CPU core): a request's step outputs merge "
+        "into one SSE chunk when its step's requests need more than the step lasts; 0 never "
+        "merges",
+    )
     add("--time-scale", type=float, default=1.0, help="multiplies every simulated duration")
     add("--zero-latency", action="store_true", help="answer at once (overhead benchmarks)")
     add(
@@ -156,6 +179,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         served_model_names=tuple(args.models or ("qwen3-32b",)),
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        stream_cost_s=args.stream_cost_us / 1e6,
         time_scale=args.time_scale,
         zero_latency=args.zero_latency,
         drift=parse_drift(args.drift),

@@ -354,6 +354,7 @@ def _configs(
                 served_model_names=(ladder.model,),
                 seed=scenario.seed * 1000 + n * 10 + e,
                 max_num_seqs=scenario.max_num_seqs,
+                max_num_batched_tokens=scenario.max_num_batched_tokens,
                 drift=drift,
             )
             for e in range(len(spec.endpoints))

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from backends.sim.model import DriftPoint
 from backends.sim.workload import CREATIVE_TEMPERATURE, Workload
 from policies.load import explain_errors, read
@@ -173,12 +174,15 @@ class Scenario(_Strict):
     traffic: Annotated[list[Traffic], Field(min_length=1)]
     acceptance: list[Drift] = []
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @model_validator(mode="after")
     def _names(self) -> Scenario:
         names = [t.name for t in self.traffic]
         if len(set(names)) != len(names):
             raise ValueError("traffic class names must be unique")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
         return self
 
     def drift_points(self) -> tuple[DriftPoint, ...]:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim.config import parse_drift
+from backends.sim.model import CostModel
 from gateway.cli.main import main
 from gateway.replay.pricing import cells, prices, totals
 from gateway.replay.report import summarise
@@ -52,6 +53,7 @@ def test_shipped_scenarios_parse_and_cover_the_issue():
         ("[", "not valid YAML"),
         (SMALL.replace("clients: 3", "clients: 3, rate: 1"), "exactly one of clients or rate"),
         (SMALL.replace("temperature: 0.7", "temperature: 1.2"), "chat needs temperature"),
+        (SMALL + "max_num_batched_tokens: 255\n", "at least max_num_seqs"),
     ],
 )
 def test_bad_scenarios_say_what_is_wrong(text, message):
@@ -128,6 +130,27 @@ def test_replay_is_deterministic_and_prices_consistently():
     assert code["collapsed"].oracle_pool() == "standard"
     summary = summarise(first, POLICY)
     assert summary["requests"] == sum(1 for r in first.rows if not r.shadow)
+
+
+def test_the_scenarios_token_budget_reaches_the_simulated_endpoints():
+    """A prompt of about 1,000 tokens in 100-token chunks takes about ten steps to its first
+    token, each adding a step's fixed cost."""
+    long = """
+version: 1
+name: long
+duration_s: 20
+max_num_seqs: 8
+traffic:
+  - {name: code, workload: code, max_tokens: 8, prompt_tokens: 1000, clients: 1}
+"""
+    roomy = replay(POLICY, load_scenario(long))
+    tight = replay(POLICY, load_scenario(long + "max_num_batched_tokens: 101\n"))
+    one, chunked = roomy.rows[0], tight.rows[0]
+    assert (one.pool, one.tokens) == (chunked.pool, chunked.tokens) == ("spec", 8)
+    steps = (
+        (chunked.done - chunked.arrival) - (one.done - one.arrival)
+    ) / CostModel().target_fixed_s
+    assert 9 <= round(steps) <= 11 and steps == pytest.approx(round(steps))  # one more per chunk
 
 
 def test_cli_writes_a_summary_per_scenario(tmp_path, capsys):
