@@ -10,19 +10,49 @@ Must not: read the environment; the command line is the only input.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from backends.sim.config import Faults, Mode, SimConfig, parse_drift
 from backends.sim.dialects import SimEngine
-from backends.sim.model import Method
+from backends.sim.model import CostModel, GpuCostModel, Method, StepCost
 from backends.sim.server import create_app, uvicorn_config
 
 logger = logging.getLogger(__name__)
 
 _HELP = "run a simulated vLLM server (speculative or standard decoding)"
+
+
+COST_MODEL_HELP = (
+    "the step-time model: affine (25 ms + 0.8 ms per verified token, the default), gpu (a "
+    "memory floor, compute per token above a knee, KV reads per cached token; an 8B-on-H100 "
+    "estimate) or gpu:PATH (the parameters bench/gpu/steptime.py measured, its summary.json)"
+)
+
+
+def cost_model_arg(text: str) -> StepCost:
+    """``affine``, ``gpu`` or ``gpu:PATH``, as ``argparse`` type: a bad value or an unreadable
+    summary is a usage error, not a traceback."""
+    kind, _, path = text.partition(":")
+    if kind == "affine" and not path:
+        return CostModel()
+    if kind == "gpu" and not path:
+        return GpuCostModel()
+    if kind == "gpu":
+        try:
+            summary = json.loads(Path(path).read_text())
+            if not isinstance(summary, dict):
+                raise ValueError("not a JSON object")
+            return GpuCostModel.from_summary(summary)
+        except (OSError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(
+                f"cannot read a GPU cost model from {path}: {exc}"
+            ) from None
+    raise argparse.ArgumentTypeError(f"{text!r}: want affine, gpu or gpu:PATH")
 
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +132,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         dest="prometheus",
         help="trtllm: no /prometheus/metrics (a server without return_perf_metrics)",
     )
+    add("--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP)
     add("--default-max-tokens", type=int, default=256)
     add("--max-model-len", type=int, default=32768)
     add("--max-logprobs", type=int, default=20)
@@ -130,6 +161,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         time_scale=args.time_scale,
         zero_latency=args.zero_latency,
+        cost=args.cost_model,
         drift=parse_drift(args.drift),
         faults=faults,
         report_spec_metrics=not args.no_spec_metrics,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from backends.sim.dialects import SimEngine
-from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method
+from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method, StepCost
 from backends.sim.workload import Workload
 
 
@@ -92,7 +92,7 @@ class SimConfig:
     max_num_seqs: int = 256
     time_scale: float = 1.0
     zero_latency: bool = False
-    cost: CostModel = field(default_factory=CostModel)
+    cost: StepCost = field(default_factory=CostModel)
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     drift: tuple[DriftPoint, ...] = ()
     faults: Faults = field(default_factory=Faults)

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from backends.sim.model import CostModel, Method, RequestProfile, sample_accepted
+from backends.sim.model import CostModel, Method, RequestProfile, StepCost, sample_accepted
 
 logger = logging.getLogger(__name__)
 
@@ -167,14 +167,14 @@ class Scheduler:
         speculative: bool,
         k: int,
         max_num_seqs: int,
-        cost: CostModel | None = None,
+        cost: StepCost | None = None,
         method: Method = Method.DRAFT_MODEL,
     ) -> None:
         self.speculative = speculative
         self.k = k
         self.method = method
         self.max_num_seqs = max_num_seqs
-        self.cost = cost or CostModel()
+        self.cost: StepCost = cost or CostModel()
         self.counters = EngineCounters(k)
         # told of every step and its prefill tokens (engines' iteration stats are built on it)
         self.on_step: Callable[[Step, int], None] | None = None
@@ -246,12 +246,15 @@ class Scheduler:
         # The target verifies each decoding sequence's token plus its drafts; a draft model
         # runs k passes over the batch, an n-gram lookup costs next to nothing.
         verified = sum(1 + e.drafted for _, e in events if e.start > 0)
+        # what the decoding sequences have cached: a GPU reads it all every step
+        context = sum(seq.profile.prompt_tokens + e.start for seq, e in events if e.start > 0)
         drafting = self.speculative and self.method is Method.DRAFT_MODEL and decoding > 0
         seconds = self.cost.step_seconds(
             verified_tokens=verified,
             prefill_tokens=prefill_tokens,
             draft_passes=self.k if drafting else 0,
             drafting_seqs=decoding if drafting else 0,
+            context_tokens=context,
         )
         step = Step(seconds, events)
         if self.on_step is not None:

@@ -19,6 +19,18 @@ grows k+1 times faster with the batch than standard decoding does: at batch 1 sp
 wins (2.6x at a=0.9, k=4) or loses a little at creative acceptance (0.89x at a=0.28), and at
 64-128 running sequences it loses even at good acceptance (the SmartSpec/TurboSpec effect).
 
+A GPU-shaped alternative (``GpuCostModel``, ``speclane sim --cost-model gpu``): a step
+reads the weights once whatever it computes (a memory floor), costs compute per token only
+once its tokens pass a knee, and reads each running sequence's KV cache once, shared by the
+k+1 tokens that sequence verifies::
+
+    target = floor + per_token * max(0, verified + prefill - knee) + kv * context_tokens
+    draft  = draft_passes * (floor' + per_token' * max(0, seqs - knee') + kv' * context_tokens)
+
+Its defaults are a back-of-envelope estimate for an 8B target with a 1B draft on one H100,
+not a measurement (``GpuCostModel`` says how); ``bench/gpu/steptime.py`` measures the curve
+on a GPU and writes fitted parameters that ``GpuCostModel.from_summary`` reads.
+
 Pure: no I/O, no clock reads, no global random state (the caller passes every
 ``random.Random``).
 """
@@ -26,11 +38,13 @@ Pure: no I/O, no clock reads, no global random state (the caller passes every
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Protocol
 
 from backends.sim.workload import (
     LONG_CONTEXT_TOKENS,
@@ -140,9 +154,30 @@ class AcceptanceModel:
         return min(max(base * temp_factor * ctx_factor, 0.0), MAX_ACCEPTANCE)
 
 
+class StepCost(Protocol):
+    """Seconds per engine step: ``CostModel`` (affine) or ``GpuCostModel``."""
+
+    def step_seconds(
+        self,
+        *,
+        verified_tokens: int,
+        prefill_tokens: int,
+        draft_passes: int,
+        drafting_seqs: int,
+        context_tokens: int = 0,
+    ) -> float: ...
+
+    def decode_step_seconds(
+        self, *, batch: float, k: int, speculative: bool, context: float = 0.0
+    ) -> float: ...
+
+    def speedup(self, a: float, k: int, batch: float = 1, context: float = 0.0) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Seconds per engine step (module docstring has the formula and why these numbers)."""
+    """Seconds per engine step (module docstring has the formula and why these numbers).
+    Affine in the tokens verified: the context a sequence has cached costs nothing."""
 
     target_fixed_s: float = 0.025
     target_per_token_s: float = 0.0008
@@ -151,7 +186,13 @@ class CostModel:
     draft_per_seq_s: float = 0.00005
 
     def step_seconds(
-        self, *, verified_tokens: int, prefill_tokens: int, draft_passes: int, drafting_seqs: int
+        self,
+        *,
+        verified_tokens: int,
+        prefill_tokens: int,
+        draft_passes: int,
+        drafting_seqs: int,
+        context_tokens: int = 0,
     ) -> float:
         target = (
             self.target_fixed_s
@@ -161,21 +202,130 @@ class CostModel:
         draft = draft_passes * (self.draft_fixed_s + self.draft_per_seq_s * drafting_seqs)
         return target + draft
 
-    def decode_step_seconds(self, *, batch: int, k: int, speculative: bool) -> float:
+    def decode_step_seconds(
+        self, *, batch: float, k: int, speculative: bool, context: float = 0.0
+    ) -> float:
         """One steady-state decode step of ``batch`` sequences (no prefill in it)."""
+        target = self.target_fixed_s + self.target_per_token_s * batch * (
+            k + 1 if speculative else 1
+        )
         if not speculative:
-            return self.step_seconds(
-                verified_tokens=batch, prefill_tokens=0, draft_passes=0, drafting_seqs=0
-            )
-        return self.step_seconds(
-            verified_tokens=batch * (k + 1), prefill_tokens=0, draft_passes=k, drafting_seqs=batch
+            return target
+        return target + k * (self.draft_fixed_s + self.draft_per_seq_s * batch)
+
+    def speedup(self, a: float, k: int, batch: float = 1, context: float = 0.0) -> float:
+        """Analytic decode speed-up per output token of speculation over standard decoding."""
+        return _speedup(self, a, k, batch, context)
+
+
+# An 8B target (Llama-3-8B's shape) and a 1B draft (Llama-3.2-1B's) on one H100, estimated
+# from the hardware, not measured: 16.1 GB of bf16 weights read at ~3.0 TB/s is 5.4 ms, and
+# launches and small kernels under CUDA graphs add ~0.6 ms; a token costs ~15 GFLOP, 25 us
+# at ~600 TFLOP/s achieved, so compute passes the floor at ~240 tokens a step; a cached token
+# is 128 KiB of keys and values, 44 ns at 3.0 TB/s. The draft: 2.5 GB is 0.8 ms plus ~0.4 ms
+# of launches, 2.5 GFLOP a token (5 us), 32 KiB a cached token (11 ns).
+GPU_ESTIMATE = "estimate: 8B target, 1B draft, one H100 (weights/bandwidth, FLOPs/rate)"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCostModel:
+    """Seconds per engine step on a GPU: a memory floor, compute per token above a knee, and
+    KV reads per cached token (module docstring). ``source`` says where the numbers come
+    from: ``GPU_ESTIMATE`` for the defaults, a measurement for ``from_summary``."""
+
+    floor_s: float = 0.006
+    per_token_s: float = 0.000025
+    knee_tokens: float = 240.0
+    kv_per_token_s: float = 4.4e-8
+    draft_floor_s: float = 0.0012
+    draft_per_token_s: float = 0.000005
+    draft_knee_tokens: float = 240.0
+    draft_kv_per_token_s: float = 1.1e-8
+    source: str = GPU_ESTIMATE
+
+    def __post_init__(self) -> None:
+        for name in (
+            "floor_s",
+            "per_token_s",
+            "knee_tokens",
+            "kv_per_token_s",
+            "draft_floor_s",
+            "draft_per_token_s",
+            "draft_knee_tokens",
+            "draft_kv_per_token_s",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"GPU cost model: {name} must be a number >= 0, got {value!r}")
+
+    def target_seconds(self, tokens: float, context_tokens: float) -> float:
+        over = max(0.0, tokens - self.knee_tokens)
+        return self.floor_s + self.per_token_s * over + self.kv_per_token_s * context_tokens
+
+    def draft_seconds(self, seqs: float, context_tokens: float) -> float:
+        over = max(0.0, seqs - self.draft_knee_tokens)
+        return (
+            self.draft_floor_s
+            + self.draft_per_token_s * over
+            + self.draft_kv_per_token_s * context_tokens
         )
 
-    def speedup(self, a: float, k: int, batch: int = 1) -> float:
-        """Analytic decode speed-up per output token of speculation over standard decoding."""
-        spec = self.decode_step_seconds(batch=batch, k=k, speculative=True)
-        std = self.decode_step_seconds(batch=batch, k=k, speculative=False)
-        return expected_tokens_per_step(a, k) * std / spec
+    def step_seconds(
+        self,
+        *,
+        verified_tokens: int,
+        prefill_tokens: int,
+        draft_passes: int,
+        drafting_seqs: int,
+        context_tokens: int = 0,
+    ) -> float:
+        """Prefill tokens share the step's matrix products with the verified ones (their own
+        attention is left out); a draft pass reads the drafting sequences' contexts."""
+        target = self.target_seconds(verified_tokens + prefill_tokens, context_tokens)
+        if not draft_passes:
+            return target
+        return target + draft_passes * self.draft_seconds(drafting_seqs, context_tokens)
+
+    def decode_step_seconds(
+        self, *, batch: float, k: int, speculative: bool, context: float = 0.0
+    ) -> float:
+        """One steady-state decode step of ``batch`` sequences of ``context`` cached tokens."""
+        tokens = batch * (k + 1 if speculative else 1)
+        target = self.target_seconds(tokens, batch * context)
+        if not speculative:
+            return target
+        return target + k * self.draft_seconds(batch, batch * context)
+
+    def speedup(self, a: float, k: int, batch: float = 1, context: float = 0.0) -> float:
+        return _speedup(self, a, k, batch, context)
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, object]) -> GpuCostModel:
+        """The parameters ``bench/gpu/steptime.py`` fitted (its ``summary.json``, or that
+        file's ``cost_model`` object); a part it has no fit for keeps the estimate."""
+        fitted = summary.get("cost_model", summary)
+        if not isinstance(fitted, Mapping) or not isinstance(fitted.get("target"), Mapping):
+            raise ValueError("GPU cost model: no fitted 'target' in the summary")
+        values: dict[str, object] = {}
+        for part, prefix in (("target", ""), ("draft", "draft_")):
+            given = fitted.get(part)
+            if not isinstance(given, Mapping):
+                continue
+            for key in ("floor_s", "per_token_s", "knee_tokens", "kv_per_token_s"):
+                if key not in given:
+                    raise ValueError(f"GPU cost model: {part} has no {key}")
+                values[prefix + key] = given[key]
+        source = fitted.get("source")
+        values["source"] = str(source) if source else "measured (no source given)"
+        if not isinstance(fitted.get("draft"), Mapping):
+            values["source"] = f"{values['source']}; draft: {GPU_ESTIMATE}"
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _speedup(cost: StepCost, a: float, k: int, batch: float, context: float) -> float:
+    spec = cost.decode_step_seconds(batch=batch, k=k, speculative=True, context=context)
+    std = cost.decode_step_seconds(batch=batch, k=k, speculative=False, context=context)
+    return expected_tokens_per_step(a, k) * std / spec
 
 
 @dataclass(frozen=True, slots=True)
