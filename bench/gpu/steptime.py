@@ -354,6 +354,10 @@ class Run:
             log(f"{what}: {cell.status} {cell.note}")
 
 
+def _size(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.2f} MiB"
+
+
 def free_memory() -> None:
     import torch
 
@@ -371,7 +375,7 @@ def measure_cell(run: Run, loop: Loop, arena: Any, spec: sc.Spec) -> sc.Cell:
     need = sc.kv_elements(shape, spec.batch, spec.context, spec.q)
     if need > arena.numel():
         cell.status = "skipped-memory"
-        cell.note = f"KV {need * 2 / GIB:.1f} GiB > arena {arena.numel() * 2 / GIB:.1f} GiB"
+        cell.note = f"KV {_size(need * 2)} > arena {_size(arena.numel() * 2)}"
         return cell
     graph = None
     try:
@@ -463,7 +467,7 @@ def build_shape(
     except Exception as exc:
         models.clear()
         return f"{type(exc).__name__} building {names}: {str(exc)[:200]}"
-    log(f"built; KV arena {arena.numel() * 2 / GIB:.1f} GiB")
+    log(f"built; KV arena {_size(arena.numel() * 2)}")
     return arena
 
 
