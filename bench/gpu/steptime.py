@@ -156,19 +156,26 @@ def attention_lower_right(q: Any, k: Any, v: Any, context: int, n: int) -> Any:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
 
 
-_FOLDED_MASKS: dict[tuple[int, int, int, str], Any] = {}
+_FOLDED_MASKS: dict[tuple[int, int, int, str, str], Any] = {}
 
 
-def folded_mask(groups: int, context: int, n: int, device: Any) -> Any:
-    """[groups * n, context + n]: row g * n + t (token t) sees keys 0 .. context + t."""
+def folded_mask(groups: int, context: int, n: int, like: Any) -> Any:
+    """An additive mask [groups * n, context + n]: row g * n + t (token t) sees keys
+    0 .. context + t. Built once per shape, in ``like``'s dtype, its rows padded to a
+    multiple of 16 elements so SDPA neither converts nor pads it on each call (it is
+    broadcast over batch and heads, never copied)."""
     import torch
 
-    key = (groups, context, n, str(device))
+    key = (groups, context, n, str(like.device), str(like.dtype))
     if key not in _FOLDED_MASKS:
-        t = torch.arange(groups * n, device=device) % n
-        j = torch.arange(context + n, device=device)
+        cols = context + n
+        padded = -(-cols // 16) * 16
+        t = torch.arange(groups * n, device=like.device) % n
+        j = torch.arange(cols, device=like.device)
+        mask = torch.full((groups * n, padded), float("-inf"), device=like.device, dtype=like.dtype)
+        mask[:, :cols].masked_fill_(j[None, :] <= (context + t)[:, None], 0.0)
         _FOLDED_MASKS.clear()
-        _FOLDED_MASKS[key] = j[None, :] <= (context + t)[:, None]
+        _FOLDED_MASKS[key] = mask[:, :cols]
     return _FOLDED_MASKS[key]
 
 
@@ -180,7 +187,7 @@ def attention_folded(q: Any, k: Any, v: Any, context: int, n: int) -> Any:
     hkv = k.shape[1]
     groups = hq // hkv
     qf = q.reshape(b, hkv, groups * n, d)
-    mask = folded_mask(groups, context, n, q.device)
+    mask = folded_mask(groups, context, n, q)
     return F.scaled_dot_product_attention(qf, k, v, attn_mask=mask).reshape(b, hq, n, d)
 
 
@@ -314,8 +321,8 @@ def graphed(fn: Callable[[], Any], warmup: int = 2) -> tuple[Callable[[], Any], 
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay, graph
+        out = fn()
+    return graph.replay, (graph, out)  # the output kept while the graph lives
 
 
 # --- one run ----------------------------------------------------------------------------------
