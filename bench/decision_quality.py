@@ -5,7 +5,7 @@ load-neutrally, and the table written to ``bench/RESULTS.md``.
         --label "baseline (threshold guardrail)" --write
     .venv/bin/python bench/decision_quality.py --policy policies/examples/starter.yaml --seeds 1 2
     .venv/bin/python bench/decision_quality.py --policy bench/policies/baseline.yaml \
-        --label "baseline, GPU cost model" --cost-model gpu     # or gpu:SUMMARY.json
+        --label "baseline, GPU cost model" --cost-model gpu   # or gpu-32b, gpu:SUMMARY.json
 
 Each scenario runs once per seed (the scenario's own seed plus the offset); the table shows
 the mean over seeds and the spread when there are several. JSON summaries and PNG charts

@@ -19,7 +19,7 @@ import uvicorn
 
 from backends.sim.config import Faults, Mode, SimConfig, parse_drift
 from backends.sim.dialects import SimEngine
-from backends.sim.model import CostModel, GpuCostModel, Method, StepCost
+from backends.sim.model import GPU_32B, CostModel, GpuCostModel, Method, StepCost
 from backends.sim.server import create_app, uvicorn_config
 
 logger = logging.getLogger(__name__)
@@ -29,19 +29,23 @@ _HELP = "run a simulated vLLM server (speculative or standard decoding)"
 
 COST_MODEL_HELP = (
     "the step-time model: affine (25 ms + 0.8 ms per verified token, the default), gpu (a "
-    "memory floor, compute per token above a knee, KV reads per cached token; an 8B-on-H100 "
-    "estimate) or gpu:PATH (the parameters bench/gpu/steptime.py measured, its summary.json)"
+    "memory floor, a slope per token that steepens past a knee, KV reads per cached token: "
+    "fitted to an 8B target and a 1B draft measured on one H200), gpu-32b (the same card's "
+    "32B target) or gpu:PATH (the parameters bench/gpu/steptime.py fitted on another card, "
+    "its summary.json)"
 )
 
 
 def cost_model_arg(text: str) -> StepCost:
-    """``affine``, ``gpu`` or ``gpu:PATH``, as ``argparse`` type: a bad value or an unreadable
-    summary is a usage error, not a traceback."""
+    """``affine``, ``gpu``, ``gpu-32b`` or ``gpu:PATH``, as ``argparse`` type: a bad value or
+    an unreadable summary is a usage error, not a traceback."""
     kind, _, path = text.partition(":")
     if kind == "affine" and not path:
         return CostModel()
     if kind == "gpu" and not path:
         return GpuCostModel()
+    if kind == "gpu-32b" and not path:
+        return GPU_32B
     if kind == "gpu":
         try:
             summary = json.loads(Path(path).read_text())
@@ -52,7 +56,7 @@ def cost_model_arg(text: str) -> StepCost:
             raise argparse.ArgumentTypeError(
                 f"cannot read a GPU cost model from {path}: {exc}"
             ) from None
-    raise argparse.ArgumentTypeError(f"{text!r}: want affine, gpu or gpu:PATH")
+    raise argparse.ArgumentTypeError(f"{text!r}: want affine, gpu, gpu-32b or gpu:PATH")
 
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:

@@ -243,11 +243,12 @@ class Scheduler:
         events = tuple((seq, self.advance(seq)) for seq in self._running)
         self._running = [seq for seq in self._running if not seq.finished]
         self.counters.steps += 1
-        # The target verifies each decoding sequence's token plus its drafts; a draft model
-        # runs k passes over the batch, an n-gram lookup costs next to nothing.
-        verified = sum(1 + e.drafted for _, e in events if e.start > 0)
-        # what the decoding sequences have cached: a GPU reads it all every step
-        context = sum(seq.profile.prompt_tokens + e.start for seq, e in events if e.start > 0)
+        # The target verifies each decoding sequence's token plus its drafts, and (on a GPU)
+        # reads what each has cached; a draft model runs k passes over the batch, an n-gram
+        # lookup costs next to nothing.
+        decoders = [(seq, e) for seq, e in events if e.start > 0]
+        verified = sum(1 + e.drafted for _, e in decoders)
+        context = sum(seq.profile.prompt_tokens + e.start for seq, e in decoders)
         drafting = self.speculative and self.method is Method.DRAFT_MODEL and decoding > 0
         seconds = self.cost.step_seconds(
             verified_tokens=verified,
@@ -255,6 +256,7 @@ class Scheduler:
             draft_passes=self.k if drafting else 0,
             drafting_seqs=decoding if drafting else 0,
             context_tokens=context,
+            seqs=len(decoders),
         )
         step = Step(seconds, events)
         if self.on_step is not None:

@@ -362,16 +362,32 @@ def line_misses(tab: Table, shape: str, role: str) -> dict[int, dict[int, LineMi
 
 @dataclass(frozen=True, slots=True)
 class Hinge:
-    """ms = floor + per_token * max(0, tokens - knee) + kv_per_token * context tokens."""
+    """One forward's milliseconds, for ``tokens`` new tokens over ``seqs`` sequences that
+    hold ``context_tokens`` cached tokens between them::
+
+        floor + low_per_token * min(tokens, knee) + per_token * max(0, tokens - knee)
+              + kv_per_token * context_tokens * max(1, kv_min_seqs / seqs)
+
+    A memory floor (the weights read once), a slope per token while the step is
+    memory-bound and a steeper one past the knee once compute dominates, and the cache
+    reads. Attention that gives each (sequence, KV head) one block of the GPU runs at the
+    rate of ``kv_min_seqs`` sequences until that many fill it: below, the cache costs what
+    ``kv_min_seqs`` sequences of the same context would. ``seqs`` 0: the cache read at its
+    full rate."""
 
     floor_ms: float
     per_token_ms: float
     knee_tokens: float
     kv_per_token_ms: float
+    low_per_token_ms: float = 0.0
+    kv_min_seqs: float = 0.0
 
-    def ms(self, tokens: float, context_tokens: float) -> float:
+    def ms(self, tokens: float, context_tokens: float, seqs: float = 0.0) -> float:
+        if seqs > 0 and self.kv_min_seqs > seqs:
+            context_tokens *= self.kv_min_seqs / seqs
         return (
             self.floor_ms
+            + self.low_per_token_ms * min(tokens, self.knee_tokens)
             + self.per_token_ms * max(0.0, tokens - self.knee_tokens)
             + self.kv_per_token_ms * context_tokens
         )
@@ -379,107 +395,155 @@ class Hinge:
     def as_seconds(self) -> dict[str, float]:
         return {
             "floor_s": self.floor_ms / 1e3,
+            "low_per_token_s": self.low_per_token_ms / 1e3,
             "per_token_s": self.per_token_ms / 1e3,
             "knee_tokens": self.knee_tokens,
             "kv_per_token_s": self.kv_per_token_ms / 1e3,
+            "kv_min_seqs": self.kv_min_seqs,
         }
 
 
 Point = tuple[int, int, int, float]  # batch, q, context, ms
 
 
-def _kv_slope(points: Sequence[Point]) -> float:
-    """ms per cached token from cells that differ only in context: the least-squares slope
-    through the origin of the time difference against the context-token difference."""
-    by: dict[tuple[int, int], dict[int, float]] = {}
-    for batch, q, context, ms in points:
-        by.setdefault((batch, q), {})[context] = ms
-    num = den = 0.0
-    for (batch, _), row in by.items():
-        contexts = sorted(row)
-        if len(contexts) < 2:
-            continue
-        lo, hi = contexts[0], contexts[-1]
-        dx = float(batch * (hi - lo))
-        num += dx * (row[hi] - row[lo])
-        den += dx * dx
-    return max(num / den, 0.0) if den else 0.0
+def point_ms(hinge: Hinge, point: Point) -> float:
+    batch, q, context, _ = point
+    return hinge.ms(batch * q, batch * context, batch)
+
+
+def rel_errors(hinge: Hinge, points: Sequence[Point]) -> list[float]:
+    """Model over measured, less 1, for every point."""
+    return [point_ms(hinge, p) / p[3] - 1.0 for p in points]
 
 
 def fit_hinge(points: Sequence[Point]) -> tuple[Hinge, float] | None:
-    """The hinge that fits ``points`` best (relative least squares; the knee searched over
-    the measured token counts), and its largest relative error. None under three points."""
-    if len(points) < 3:
+    """The hinge that fits ``points`` best in relative least squares, and its largest
+    relative error. The knee is searched over the measured token counts and
+    ``kv_min_seqs`` over the measured batches, then each finely between its neighbours;
+    for each pair the four coefficients are linear. None under five points."""
+    if len(points) < 5:
         return None
-    kv = _kv_slope(points)
-    # (tokens, ms less the context's share, ms)
-    rest = [(float(b * q), ms - kv * b * c, ms) for b, q, c, ms in points]
-    knees = sorted({0.0} | {t for t, _, _ in rest})
-    best = _best_knee(rest, knees, kv)
-    if best is None:
-        return None
-    # then finely between the measured token counts either side of the best one
-    i = knees.index(best.knee_tokens)
-    lo, hi = knees[max(i - 1, 0)], knees[min(i + 1, len(knees) - 1)]
-    hinge = _best_knee(rest, [lo + (hi - lo) * j / 64 for j in range(65)], kv) or best
-    worst = max(abs(hinge.ms(b * q, b * c) - ms) / ms for b, q, c, ms in points)
-    return hinge, worst
+    knees = sorted({0.0} | {float(b * q) for b, q, _, _ in points})
+    floors = sorted({1.0} | {float(b) for b, _, _, _ in points})
+    best = min(
+        (_fit_at(points, knee, seqs) for knee in knees for seqs in floors),
+        key=lambda fit: fit[0],
+    )
+    knee, seqs = best[1].knee_tokens, best[1].kv_min_seqs or 1.0
+    fine = [knee + (_neighbour(knees, knee, s) - knee) * j / 32 for s in (-1, 1) for j in range(33)]
+    best = min((_fit_at(points, k, seqs) for k in fine), key=lambda fit: fit[0])
+    knee = best[1].knee_tokens
+    fine = [
+        seqs + (_neighbour(floors, seqs, s) - seqs) * j / 32 for s in (-1, 1) for j in range(33)
+    ]
+    best = min((_fit_at(points, knee, s) for s in fine), key=lambda fit: fit[0])
+    hinge = best[1]
+    return hinge, max(abs(e) for e in rel_errors(hinge, points))
 
 
-def _best_knee(
-    rest: Sequence[tuple[float, float, float]], knees: Iterable[float], kv: float
-) -> Hinge | None:
-    best: tuple[float, Hinge] | None = None
-    for knee in knees:
-        hinge = _fit_at_knee(rest, knee, kv)
-        if hinge is None:
+def _neighbour(values: Sequence[float], value: float, side: int) -> float:
+    i = values.index(value) if value in values else 0
+    return values[min(max(i + side, 0), len(values) - 1)]
+
+
+def _fit_at(points: Sequence[Point], knee: float, seqs: float) -> tuple[float, Hinge]:
+    """The coefficients at a fixed knee and ``kv_min_seqs``, all >= 0 (so the slope past
+    the knee is at least the one below it), weights 1 / ms^2; and the sum of squared
+    relative errors."""
+    rows = [
+        (1.0, float(b * q), max(0.0, b * q - knee), float(c * max(b, seqs)), ms)
+        for b, q, c, ms in points
+    ]
+    coef = _nonnegative_least_squares(rows)
+    floor, low, extra, kv = coef
+    hinge = Hinge(floor, low + extra, knee, kv, low, seqs if seqs > 1 else 0.0)
+    return sum(e * e for e in rel_errors(hinge, points)), hinge
+
+
+def _nonnegative_least_squares(rows: Sequence[tuple[float, ...]]) -> list[float]:
+    """Least squares of ``rows`` (the x values, then y) in y's relative terms, with every
+    coefficient >= 0: a negative one is dropped and the rest solved again."""
+    n = len(rows[0]) - 1
+    free = list(range(n))
+    while True:
+        solution = _solve_normal(rows, free)
+        coef = [0.0] * n
+        negative = [j for j, v in zip(free, solution, strict=True) if v < 0]
+        if not negative:
+            for j, v in zip(free, solution, strict=True):
+                coef[j] = v
+            return coef
+        worst = min(negative, key=lambda j: solution[free.index(j)])
+        free.remove(worst)
+
+
+def _solve_normal(rows: Sequence[tuple[float, ...]], cols: Sequence[int]) -> list[float]:
+    """Weighted (1 / y^2) normal equations over ``cols``, by Gaussian elimination; a column
+    that adds nothing (a zero pivot) gets 0."""
+    m = len(cols)
+    a = [[0.0] * (m + 1) for _ in range(m)]
+    for row in rows:
+        y, w = row[-1], 1.0 / (row[-1] * row[-1])
+        x = [row[j] for j in cols]
+        for i in range(m):
+            for j in range(m):
+                a[i][j] += w * x[i] * x[j]
+            a[i][m] += w * x[i] * y
+    for i in range(m):
+        pivot = max(range(i, m), key=lambda r: abs(a[r][i]))
+        a[i], a[pivot] = a[pivot], a[i]
+        if abs(a[i][i]) < 1e-300:
             continue
-        err = sum(((hinge.ms(t, 0.0) - y) / ms) ** 2 for t, y, ms in rest)
-        if best is None or err < best[0]:
-            best = (err, hinge)
-    return None if best is None else best[1]
+        for r in range(m):
+            if r != i and a[r][i]:
+                f = a[r][i] / a[i][i]
+                a[r] = [v - f * p for v, p in zip(a[r], a[i], strict=True)]
+    return [a[i][m] / a[i][i] if abs(a[i][i]) >= 1e-300 else 0.0 for i in range(m)]
 
 
-def _fit_at_knee(
-    rest: Sequence[tuple[float, float, float]], knee: float, kv: float
-) -> Hinge | None:
-    """floor and slope (both >= 0) for a fixed knee, weights 1 / ms^2."""
-    s = sx = sxx = sy = sxy = 0.0
-    for t, y, ms in rest:
-        x, w = max(0.0, t - knee), 1.0 / (ms * ms)
-        s, sx, sxx, sy, sxy = s + w, sx + w * x, sxx + w * x * x, sy + w * y, sxy + w * x * y
-    if s <= 0:
-        return None
-    det = s * sxx - sx * sx
-    slope = (s * sxy - sx * sy) / det if det > 1e-12 * s * max(sxx, 1e-300) else 0.0
-    if slope <= 0:
-        return Hinge(max(sy / s, 0.0), 0.0, knee, kv)
-    return Hinge(max((sy - slope * sx) / s, 0.0), slope, knee, kv)
+def _points(cells: Iterable[Cell], role: str, shape: str) -> list[Point]:
+    return [
+        (c.batch, c.q, c.context, c.ms_median)
+        for c in cells
+        if c.ok and c.role == role and c.shape == shape
+    ]
 
 
 def fit_cost_model(cells: Iterable[Cell], target: str, draft: str | None) -> dict[str, object]:
     """The GPU cost model's parameters from the measured cells (``GpuCostModel.from_summary``
-    reads this dict), each part with its largest relative error over the cells it fits."""
-    out: dict[str, object] = {"form": "floor + per_token * max(0, tokens - knee) + kv * context"}
+    reads this dict), each part with its largest and median relative error over the cells
+    it fits."""
+    out: dict[str, object] = {"form": FORM}
     cells = list(cells)
     for role, shape in (("target", target), ("draft", draft)):
-        points = [
-            (c.batch, c.q, c.context, c.ms_median)
-            for c in cells
-            if c.ok and c.role == role and c.shape == shape
-        ]
-        fitted = fit_hinge(points) if shape else None
+        points = _points(cells, role, shape) if shape else []
+        fitted = fit_hinge(points)
         if fitted is not None:
             hinge, worst = fitted
-            out[role] = {**hinge.as_seconds(), "shape": shape, "max_rel_error": worst}
+            errors = sorted(abs(e) for e in rel_errors(hinge, points))
+            out[role] = {
+                **hinge.as_seconds(),
+                "shape": shape,
+                "max_rel_error": worst,
+                "median_rel_error": percentile(errors, 50),
+                "cells": len(points),
+            }
     return out
+
+
+FORM = (
+    "floor + low_per_token * min(tokens, knee) + per_token * max(0, tokens - knee) "
+    "+ kv * context * max(1, kv_min_seqs / seqs)"
+)
 
 
 # --- the printed report ---------------------------------------------------------------------
 
 
 def report(cells: Sequence[Cell], target: str, draft: str | None) -> list[str]:
-    """The three analyses as text lines, for one target shape."""
+    """The analyses as text lines, for one target shape: verify/plain ratios, where a k=4
+    step stops paying and its speed-up by batch, the line over small batches, and the GPU
+    cost model's fit."""
     tab = table(cells)
     lines = [f"== {target}: verify / plain step (q = k+1 against q = 1)"]
     lines.append("   L      B  " + "".join(f"   k={k}" for k in RATIO_KS))
@@ -494,9 +558,27 @@ def report(cells: Sequence[Cell], target: str, draft: str | None) -> list[str]:
             dm = break_even(sp["draft_model"]).describe()
             ng = break_even(sp["ngram"]).describe()
             lines.append(f"L={context:5d} a={a:.2f}  draft model: {dm:32}  ngram: {ng}")
-    lines.append(
-        f"== {target}: a line in B fitted over B <= {LINE_FIT_MAX_B}, measured / predicted"
-    )
+    lines += _speedup_lines(tab, target, draft)
+    lines += _line_lines(tab, target, draft)
+    lines += _fit_lines(cells, target, draft)
+    return lines
+
+
+def _speedup_lines(tab: Table, target: str, draft: str | None) -> list[str]:
+    batches = _axis(tab, target, "target", 3)
+    lines = [f"== {target}: k={BREAK_EVEN_K} decode speed-up over plain decoding, by batch"]
+    lines.append("   L     a  drafts      " + "".join(f"{b:>7}" for b in batches))
+    for context in _axis(tab, target, "target", 2):
+        for a in ACCEPTANCES:
+            sp = speedups(tab, target, draft, context, a)
+            for way in ("draft_model", "ngram"):
+                cols = "".join(f"{sp[way][b]:7.2f}" if b in sp[way] else "      -" for b in batches)
+                lines.append(f"{context:5d}  {a:.2f}  {way:12}{cols}")
+    return lines
+
+
+def _line_lines(tab: Table, target: str, draft: str | None) -> list[str]:
+    lines = [f"== {target}: a line in B fitted over B <= {LINE_FIT_MAX_B}, measured / predicted"]
     for role, shape in (("target", target), ("draft", draft)):
         if not shape:
             continue
@@ -509,6 +591,24 @@ def report(cells: Sequence[Cell], target: str, draft: str | None) -> list[str]:
                 fit = f"{miss.a_ms:.2f} + {miss.b_ms:.3f}*B ms"
                 line = f"{shape:5} {role:6} L={context:5d} q={q}  {fit}"
                 lines.append(line + ("  " + "; ".join(parts) if parts else "  (no B >= 64)"))
+    return lines
+
+
+def _fit_lines(cells: Sequence[Cell], target: str, draft: str | None) -> list[str]:
+    fitted = fit_cost_model(cells, target, draft)
+    lines = [f"== {target}: the GPU cost model fitted ({FORM})"]
+    for role in ("target", "draft"):
+        part = fitted.get(role)
+        if not isinstance(part, Mapping):
+            continue
+        lines.append(
+            f"{part['shape']:5} {role:6} floor {part['floor_s'] * 1e3:.3f} ms, "
+            f"{part['low_per_token_s'] * 1e6:.2f} us/token up to {part['knee_tokens']:.0f} "
+            f"tokens, {part['per_token_s'] * 1e6:.2f} us/token past them, "
+            f"{part['kv_per_token_s'] * 1e9:.2f} ns/cached token at >= "
+            f"{part['kv_min_seqs']:.2f} seqs; relative error over {part['cells']} cells: "
+            f"max {part['max_rel_error']:.3f}, median {part['median_rel_error']:.3f}"
+        )
     return lines
 
 

@@ -2,7 +2,7 @@
 """What one speculative step costs on a GPU, against batch, draft length and context.
 
     python3 bench/gpu/steptime.py --out DIR [--budget-s 330] [--shape 8b,32b]
-    python3 bench/gpu/steptime.py --analyse DIR/steptime.csv      # the report again, no torch
+    python3 bench/gpu/steptime.py --analyse DIR/steptime.csv [--shape 8b,32b]  # no torch
     python3 bench/gpu/steptime.py --plan                          # the grid and a roofline guess
 
 Needs PyTorch and transformers only: no vLLM, no downloads, no network. A Llama-form model
@@ -42,8 +42,10 @@ Everything runs under ``torch.inference_mode()``.
 Writes ``steptime.csv`` (one row per cell, as each finishes) and ``summary.json`` (device,
 versions, checks, the analyses, and the fitted parameters of the simulator's GPU cost model:
 ``speclane sim --cost-model gpu:DIR/summary.json``) to ``--out``; prints progress with
-timestamps and, at the end, the verify/plain ratios, where a k=4 step stops paying, and how
-a line fitted over B <= 16 misses at B = 64 and 256.
+timestamps and, at the end, the verify/plain ratios, where a k=4 step stops paying and its
+speed-up at each batch, how a line fitted over B <= 16 misses at B = 64 and 256, and the GPU
+cost model's fit with its error over the cells. ``--analyse CSV --shape 8b,32b`` prints the
+same for a saved run, fitted by this checkout's code.
 """
 
 from __future__ import annotations

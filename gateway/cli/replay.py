@@ -1,7 +1,7 @@
 """``speclane replay``: run scenarios against a policy in virtual time and price the result.
 
     speclane replay --policy FILE --scenario FILE... [--log REQUESTS.jsonl] [--out DIR] [--json]
-        [--cost-model affine|gpu|gpu:SUMMARY.json]
+        [--cost-model affine|gpu|gpu-32b|gpu:SUMMARY.json]
 
 For each scenario: a table line (adaptive against the oracle, always-standard,
 always-speculative and the best static pool per class), ``DIR/NAME.json`` with the full

@@ -129,11 +129,32 @@ def test_the_cost_model_is_recovered_from_a_measured_table():
     assert sc.fit_hinge([(1, 1, 512, 5.0)]) is None
 
 
+def test_a_memory_bound_slope_and_an_attention_floor_are_recovered_too():
+    # a slope below the knee, and one sequence's attention as slow as sixteen's
+    truth = sc.Hinge(7.5, 0.03, 230.0, 4.5e-5, low_per_token_ms=0.015, kv_min_seqs=16.0)
+    points = [
+        (s.batch, s.q, s.context, truth.ms(s.batch * s.q, s.batch * s.context, s.batch))
+        for s in sc.grid("8b", None, sc.BATCHES, sc.QUERIES, sc.CONTEXTS)
+    ]
+    fitted = sc.fit_hinge(points)
+    assert fitted is not None
+    hinge, worst = fitted
+    assert worst < 1e-3
+    assert hinge.low_per_token_ms == pytest.approx(0.015, rel=0.01)
+    assert hinge.kv_min_seqs == pytest.approx(16.0, rel=0.01)
+    assert hinge.knee_tokens == pytest.approx(230.0, rel=0.01)
+    # the same cells under the four-parameter form (no floor for attention): a third off
+    flat = sc.Hinge(7.5, 0.03, 230.0, 4.5e-5, low_per_token_ms=0.015)
+    assert max(abs(e) for e in sc.rel_errors(flat, points)) > 0.3
+
+
 def test_the_report_prints_every_analysis():
     cells = curve_cells()
     cells.append(sc.Cell("8b", "target", 512, 8, 8192, "skipped-memory"))
     text = "\n".join(sc.report(cells, "8b", "1b"))
     assert "verify / plain" in text and "stops paying" in text and "B <= 16" in text
+    assert "decode speed-up over plain decoding, by batch" in text
+    assert "the GPU cost model fitted" in text and "relative error over 135 cells" in text
     summary = sc.analysis(cells, "8b", "1b")
     assert set(summary) == {
         "verify_over_plain",

@@ -1,6 +1,6 @@
 """``HingeFit``: a pool's step time as a floor and a slope past a knee, the alternative to
-the guardrail's line, on a table shaped like a GPU's step curve (the simulator's GPU cost
-model: flat while memory-bound, linear in tokens once compute-bound)."""
+the guardrail's line, on a synthetic table shaped like a GPU's step curve (flat while
+memory-bound, linear in tokens once compute-bound)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,22 @@ import pytest
 from backends.sim.model import GpuCostModel
 from policies.steptime import HINGE_KNEES, HingeFit, Line, StepFit
 
-GPU = GpuCostModel()
+# a synthetic GPU-shaped curve with a flat floor and one knee (an 8B-on-H100 estimate from
+# bandwidth and FLOP rates); the measured H200 table is in test_steptime_measured.py
+GPU = GpuCostModel(
+    floor_s=0.006,
+    low_per_token_s=0.0,
+    per_token_s=2.5e-5,
+    knee_tokens=240.0,
+    kv_per_token_s=4.4e-8,
+    kv_min_seqs=0.0,
+    draft_floor_s=0.0012,
+    draft_per_token_s=5e-6,
+    draft_knee_tokens=240.0,
+    draft_kv_per_token_s=1.1e-8,
+    draft_kv_min_seqs=0.0,
+    source="synthetic",
+)
 K = 4
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
