@@ -4,7 +4,7 @@ argument.
 An engine step reads the weights once and then does work for every sequence in the batch,
 so its time is close to affine in the batch: ``seconds = a + b * batch``, a fixed part and
 a per-sequence part, both >= 0 (the simulator's ``CostModel`` is exactly that; a GPU is
-flat while memory-bound and then linear, which a line fitted over the batches seen follows).
+flat while memory-bound and then linear, which a line over the batches seen follows to ~15%).
 
 Every finished request with a known decode time and step count is one observation: its
 seconds per engine step, at the mean number of requests in flight on its endpoint while it
@@ -26,6 +26,13 @@ pool's measured slope, and the data overrule the prior where they exist. Without
 pool, a loose generic prior (``KAPPA``) stands in. Observed step times include the prefills
 that ran meanwhile, as the sequences sharing the step paid for them.
 
+``HingeFit`` is an alternative shape, not the default: a floor, then a slope past a knee
+(a GPU's memory-bound then compute-bound step), kept with the same O(1) decaying sums at a
+fixed set of candidate knees, the best-supported one chosen at question time. On step times
+measured on an H200 (``bench/RESULTS.md``, "Real hardware") it stays within ~5-8% over the
+batches a pool was seen at, where the line is off by up to 10-18%; above them neither shape
+can see a knee that no observation shows.
+
 Physical priors, not fitted to any test: ``KAPPA`` (a sequence adds 2% of a step's fixed
 time per token it verifies: a memory-bound accelerator adds less, the simulator 3%),
 ``COMMON_SD`` (another pool of the same model may run on other hardware or settings: both
@@ -39,8 +46,9 @@ Explained for operators, with its numbers, in docs/guardrail.md ("The economic g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_OBSERVATIONS = 3.0
 KAPPA = 0.02
@@ -141,14 +149,7 @@ class StepFit:
             prior = _generic(sx / s, sy / s, KAPPA * self.tokens_per_seq)
         if n <= 0:
             return prior
-        noise = NOISE_SD**2
-        line = prior
-        for _ in range(2):  # the noise from the residuals of the first pass
-            line = _posterior(prior, n, s, sx, sxx, sy, sxy, noise)
-            a, b = line.a, line.b
-            rss = n - 2 * a * sy - 2 * b * sxy + a * a * s + 2 * a * b * sx + b * b * sxx
-            noise = (NOISE_WEIGHT * NOISE_SD**2 + max(rss, 0.0)) / (NOISE_WEIGHT + n)
-        return line
+        return _fit(prior, n, s, sx, sxx, sy, sxy)[0]
 
     def predict(self, now: float, batch: float, prior: Line | None = None) -> StepTime | None:
         """Seconds per step at ``batch``: from the pool's own observations (at least
@@ -157,6 +158,21 @@ class StepFit:
             return None
         line = self.line(now, prior)
         return None if line is None else line.at(batch)
+
+
+def _fit(
+    prior: Line, n: float, s: float, sx: float, sxx: float, sy: float, sxy: float
+) -> tuple[Line, float]:
+    """The posterior under ``prior``, its noise pooled from the residuals of a first pass,
+    and the weighted residual sum of squares (relative residuals)."""
+    noise = NOISE_SD**2
+    line, rss = prior, 0.0
+    for _ in range(2):
+        line = _posterior(prior, n, s, sx, sxx, sy, sxy, noise)
+        a, b = line.a, line.b
+        rss = max(n - 2 * a * sy - 2 * b * sxy + a * a * s + 2 * a * b * sx + b * b * sxx, 0.0)
+        noise = (NOISE_WEIGHT * NOISE_SD**2 + rss) / (NOISE_WEIGHT + n)
+    return line, rss
 
 
 def _generic(x: float, y: float, per_seq: float) -> Line:
@@ -236,3 +252,115 @@ def combine(priors: Iterable[Line]) -> Line | None:
     a = (p_bb * r_a - p_ab * r_b) / det
     b = (p_aa * r_b - p_ab * r_a) / det
     return Line(a, b, p_bb / det, -p_ab / det, p_aa / det)
+
+
+# --- an alternative shape: a floor, then a slope past a knee ---------------------------------
+
+HINGE_KNEES = (0.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Hinge:
+    """A belief about ``seconds = a + b * max(0, batch - knee)``: ``line`` holds a and b in
+    that coordinate (knee 0 is ``Line`` itself)."""
+
+    knee: float
+    line: Line
+
+    def at(self, batch: float) -> StepTime:
+        x = max(max(batch, 1.0) - self.knee, 0.0)
+        seconds = max(self.line.a + self.line.b * x, 1e-9)
+        line = self.line
+        var = max(line.vaa + 2 * x * line.vab + x * x * line.vbb, 0.0)
+        learned = line.observations >= MIN_OBSERVATIONS
+        return StepTime(seconds, var / (seconds * seconds), line.observations, learned)
+
+
+@dataclass(slots=True)
+class HingeFit:
+    """``StepFit``'s observations, fitted as a floor and a slope past a knee as well as a
+    line: a GPU's step is flat while reading the weights dominates (memory-bound) and grows
+    with the tokens once compute does, which a line through both stretches fits badly at
+    both ends. Not the guardrail's default.
+
+    For each knee of ``knees`` (batches; 0 is the line) it keeps the same decaying weighted
+    sums as ``StepFit`` in the coordinate ``max(0, batch - knee)``, and the weight seen above
+    the knee: O(len(knees)) per observation, a constant. ``hinge`` fits every knee that has at
+    least ``MIN_OBSERVATIONS`` of weight on both sides and picks the one with the lowest
+    Bayesian information criterion (residuals in units of ``NOISE_SD``, a knee counting as a
+    parameter), so a knee must earn its place and flat or straight data stays a line. A prior
+    ``Line`` from another pool (``transfer``) applies to the line only: the knees start from
+    the generic prior."""
+
+    half_life_s: float = 300.0
+    tokens_per_seq: int = 1
+    knees: tuple[float, ...] = HINGE_KNEES
+    at: float = 0.0
+    w: float = 0.0
+    s: float = 0.0
+    sy: float = 0.0
+    sx: list[float] = field(default_factory=list)
+    sxx: list[float] = field(default_factory=list)
+    sxy: list[float] = field(default_factory=list)
+    above: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.knees)
+        self.sx, self.sxx, self.sxy, self.above = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+
+    def add(self, now: float, batch: float, seconds: float, weight: float = 1.0) -> None:
+        if seconds <= 0 or weight <= 0:
+            return
+        self._decay(now)
+        x, omega = max(batch, 1.0), weight / (seconds * seconds)
+        self.w += weight
+        self.s += omega
+        self.sy += omega * seconds
+        for j, knee in enumerate(self.knees):
+            xj = max(x - knee, 0.0)
+            self.sx[j] += omega * xj
+            self.sxx[j] += omega * xj * xj
+            self.sxy[j] += omega * xj * seconds
+            if x > knee:
+                self.above[j] += weight
+
+    def _decay(self, now: float) -> None:
+        if now > self.at:
+            f = self._factor(now)
+            self.w, self.s, self.sy = self.w * f, self.s * f, self.sy * f
+            for sums in (self.sx, self.sxx, self.sxy, self.above):
+                sums[:] = [v * f for v in sums]
+            self.at = now
+
+    def _factor(self, now: float) -> float:
+        return 0.5 ** (max(now - self.at, 0.0) / self.half_life_s) if self.w else 1.0
+
+    def weight(self, now: float) -> float:
+        return self.w * self._factor(now)
+
+    def hinge(self, now: float, prior: Line | None = None) -> Hinge | None:
+        """The best-supported knee and its posterior at ``now``; None without observations
+        (and without ``prior``)."""
+        f = self._factor(now)
+        n, s, sy = self.w * f, self.s * f, self.sy * f
+        if n <= 0 or s <= 0:
+            return None if prior is None else Hinge(0.0, prior)
+        best: tuple[float, Hinge] | None = None
+        for j, knee in enumerate(self.knees):
+            above = self.above[j] * f
+            if knee > 0 and (above < MIN_OBSERVATIONS or n - above < MIN_OBSERVATIONS):
+                continue
+            sx, sxx, sxy = self.sx[j] * f, self.sxx[j] * f, self.sxy[j] * f
+            base = prior if knee == 0 and prior is not None else None
+            start = base or _generic(sx / s, sy / s, KAPPA * self.tokens_per_seq)
+            line, rss = _fit(start, n, s, sx, sxx, sy, sxy)
+            score = rss / NOISE_SD**2 + math.log(max(n, math.e)) * (2 if knee == 0 else 3)
+            if best is None or score < best[0]:
+                best = (score, Hinge(knee, line))
+        return None if best is None else best[1]
+
+    def predict(self, now: float, batch: float, prior: Line | None = None) -> StepTime | None:
+        if prior is None and self.weight(now) < MIN_OBSERVATIONS:
+            return None
+        hinge = self.hinge(now, prior)
+        return None if hinge is None else hinge.at(batch)

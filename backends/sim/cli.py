@@ -10,8 +10,10 @@ Must not: read the environment; the command line is the only input.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -25,7 +27,7 @@ from backends.sim.config import (
     parse_drift,
 )
 from backends.sim.dialects import SimEngine
-from backends.sim.model import Method
+from backends.sim.model import GPU_32B, CostModel, GpuCostModel, Method, StepCost
 from backends.sim.server import create_app, uvicorn_config
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,38 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
         if off or isinstance(action, argparse._StoreFalseAction):
             return action.help
         return super()._get_help_string(action)
+
+
+COST_MODEL_HELP = (
+    "the step-time model: affine (25 ms + 0.8 ms per verified token, the default), gpu (a "
+    "memory floor, a slope per token that steepens past a knee, KV reads per cached token: "
+    "fitted to an 8B target and a 1B draft measured on one H200), gpu-32b (the same card's "
+    "32B target) or gpu:PATH (the parameters bench/gpu/steptime.py fitted on another card, "
+    "its summary.json)"
+)
+
+
+def cost_model_arg(text: str) -> StepCost:
+    """``affine``, ``gpu``, ``gpu-32b`` or ``gpu:PATH``, as ``argparse`` type: a bad value or
+    an unreadable summary is a usage error, not a traceback."""
+    kind, _, path = text.partition(":")
+    if kind == "affine" and not path:
+        return CostModel()
+    if kind == "gpu" and not path:
+        return GpuCostModel()
+    if kind == "gpu-32b" and not path:
+        return GPU_32B
+    if kind == "gpu":
+        try:
+            summary = json.loads(Path(path).read_text())
+            if not isinstance(summary, dict):
+                raise ValueError("not a JSON object")
+            return GpuCostModel.from_summary(summary)
+        except (OSError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(
+                f"cannot read a GPU cost model from {path}: {exc}"
+            ) from None
+    raise argparse.ArgumentTypeError(f"{text!r}: want affine, gpu, gpu-32b or gpu:PATH")
 
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +187,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         dest="prometheus",
         help="trtllm: no /prometheus/metrics (a server without return_perf_metrics)",
     )
+    add("--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP)
     add("--default-max-tokens", type=int, default=256, help="max_tokens when a request has none")
     add("--max-model-len", type=int, default=32768, help="prompt plus answer, in tokens")
     add("--max-logprobs", type=int, default=20, help="the most top_logprobs a request may ask")
@@ -183,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         stream_cost_s=args.stream_cost_us / 1e6,
         time_scale=args.time_scale,
         zero_latency=args.zero_latency,
+        cost=args.cost_model,
         drift=parse_drift(args.drift),
         faults=faults,
         report_spec_metrics=not args.no_spec_metrics,

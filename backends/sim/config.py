@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from backends.sim.dialects import SimEngine
-from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method
+from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method, StepCost
 from backends.sim.workload import Workload
 
 # vLLM's --max-num-batched-tokens for its OpenAI server on a card of 70 GiB or more other than
@@ -110,7 +110,7 @@ class SimConfig:
     stream_cost_s: float = DEFAULT_STREAM_COST_US / 1e6
     time_scale: float = 1.0
     zero_latency: bool = False
-    cost: CostModel = field(default_factory=CostModel)
+    cost: StepCost = field(default_factory=CostModel)
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     drift: tuple[DriftPoint, ...] = ()
     faults: Faults = field(default_factory=Faults)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SimConfig
-from backends.sim.model import CostModel, Method, RequestProfile, sample_accepted
+from backends.sim.model import CostModel, Method, RequestProfile, StepCost, sample_accepted
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class Scheduler:
         speculative: bool,
         k: int,
         max_num_seqs: int,
-        cost: CostModel | None = None,
+        cost: StepCost | None = None,
         method: Method = Method.DRAFT_MODEL,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         stream_cost_s: float = 0.0,
@@ -242,7 +242,7 @@ class Scheduler:
         self.stream_cost_s = stream_cost_s
         if max_num_batched_tokens <= 1:
             raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
-        self.cost = cost or CostModel()
+        self.cost: StepCost = cost or CostModel()
         self.counters = EngineCounters(k)
         # told of every step and its prefill tokens (engines' iteration stats are built on it)
         self.on_step: Callable[[Step, int], None] | None = None
@@ -375,15 +375,17 @@ class Scheduler:
         events = tuple(scheduled)
         self._running = [seq for seq in self._running if not seq.finished]
         self.counters.steps += 1
-        # The target verifies each decoding sequence's token plus its drafts; a draft model
-        # runs k passes over the sequences it drafted for, an n-gram lookup costs next to
-        # nothing.
-        verified = drafting = with_tokens = 0
-        for _, e in events:
+        # The target verifies each decoding sequence's token plus its drafts, and (on a GPU)
+        # reads what each has cached; a draft model runs k passes over the sequences it
+        # drafted for, an n-gram lookup costs next to nothing.
+        verified = drafting = with_tokens = decoders = context = 0
+        for seq, e in events:
             with_tokens += e.tokens > 0
             if e.start:
                 verified += 1 + e.drafted
                 drafting += e.drafted > 0
+                decoders += 1
+                context += seq.profile.prompt_tokens + e.start
         if not self.draft_slots:
             drafting = 0
         seconds = self.cost.step_seconds(
@@ -391,6 +393,8 @@ class Scheduler:
             prefill_tokens=prefill_tokens,
             draft_passes=self.k if drafting else 0,
             drafting_seqs=drafting,
+            context_tokens=context,
+            seqs=decoders,
         )
         merge = merge_factor(with_tokens, seconds, self.stream_cost_s)
         if merge == 1 and not self._holding and with_tokens == len(events):
