@@ -1,5 +1,7 @@
-"""Errors of the backend boundary. Every foreign (aiohttp, socket) exception is mapped to one
-of these in ``backends/upstream.py``, and nowhere else.
+"""Errors of the backend boundary. Every foreign exception (the HTTP client's of
+``backends/http1.py``, a socket's, a timeout) is mapped to one of these in
+``backends/upstream.py``, and nowhere else. The gateway turns them into its clients' errors
+once it has decided what to do about them (``gateway/errors.py``).
 
     BackendError
      ├── Unavailable        no endpoint took the request: refused, reset, 5xx, nothing in service

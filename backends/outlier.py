@@ -18,6 +18,9 @@ still tried when every endpoint in service failed: see ``backends/pool.py``). It
 gradually: its share of the load grows from a tenth to all of it over ``slow_start_s``, so a
 burst after recovery is spread, not refused. A 429 or 408 says the endpoint is busy, not
 broken: it neither counts as a failure nor as a success.
+
+Explained for operators, with its numbers, in docs/operations.md ("Upstream failures:
+outlier ejection").
 """
 
 from __future__ import annotations

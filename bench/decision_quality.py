@@ -4,6 +4,8 @@ load-neutrally, and the table written to ``bench/RESULTS.md``.
     .venv/bin/python bench/decision_quality.py --policy bench/policies/baseline.yaml \
         --label "baseline (threshold guardrail)" --write
     .venv/bin/python bench/decision_quality.py --policy policies/examples/starter.yaml --seeds 1 2
+    .venv/bin/python bench/decision_quality.py --policy bench/policies/baseline.yaml \
+        --label "baseline, GPU cost model" --cost-model gpu   # or gpu-32b, gpu:SUMMARY.json
 
 Each scenario runs once per seed (the scenario's own seed plus the offset); the table shows
 the mean over seeds and the spread when there are several. JSON summaries and PNG charts
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backends.sim.cli import COST_MODEL_HELP, cost_model_arg
 from gateway.replay.chart import draw
 from gateway.replay.report import CELL_MARGIN, ORACLE_MARGIN, summarise
 from gateway.replay.run import replay
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
         for offset in args.seeds:
             scenario = base.model_copy(update={"seed": base.seed + 1000 * offset})
             started = time.perf_counter()
-            result = replay(policy, scenario)
+            result = replay(policy, scenario, cost=args.cost)
             summary = summarise(result, policy)
             summary["seed"] = scenario.seed
             summary["replay_s"] = round(time.perf_counter() - started, 1)
@@ -140,12 +143,18 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument("--cost-model", default="affine", help=COST_MODEL_HELP)
     args = parser.parse_args()
+    try:
+        args.cost = cost_model_arg(args.cost_model)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     rows = run(args)
     seeds = " ".join(map(str, args.seeds))
+    cost = f" --cost-model {args.cost_model}" if args.cost_model != "affine" else ""
     command = (
         f".venv/bin/python bench/decision_quality.py --policy {args.policy} "
-        f'--label "{args.label}" --seeds {seeds}'
+        f'--label "{args.label}" --seeds {seeds}{cost}'
     )
     text = table(args.label, command, rows)
     print(text)

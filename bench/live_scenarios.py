@@ -8,13 +8,13 @@ driven by a client population, priced like ``speclane replay``.
 gateway as a process, with everything the replay leaves out: real sockets and timing, the
 scrape loop, the guardrail tick, background tasks, a busy machine. The scenario file is the
 same (``bench/scenarios/README.md``). One simulated server is started per endpoint the
-policy lists for each pool of the ladder (its k, the scenario's ``max_num_seqs``, the
-scenario's acceptance schedule as ``--drift``), the policy's endpoints are pointed at them,
-and the scenario's clients send their requests through the gateway with their API keys and
-users. Every answered request becomes a row priced with the simulator's cost model at the
-load actually carried (mean requests in flight per endpoint while it ran, as this client saw
-them): the same table as ``bench/decision_quality.py``. Shadow mirrors are invisible to a
-client and are not priced here.
+policy lists for each pool of the ladder (its k, the scenario's ``max_num_seqs`` and
+``max_num_batched_tokens``, the scenario's acceptance schedule as ``--drift``), the policy's
+endpoints are pointed at them, and the scenario's clients send their requests through the
+gateway with their API keys and users. Every answered request becomes a row priced with the
+simulator's cost model at the load actually carried (mean requests in flight per endpoint
+while it ran, as this client saw them): the same table as ``bench/decision_quality.py``.
+Shadow mirrors are invisible to a client and are not priced here.
 
 ``--time-scale`` runs the simulated servers faster than real time (their steps, the drift
 schedule, think times and arrivals all shrink by it), but the gateway's own windows and
@@ -118,6 +118,7 @@ def start_stack(
             argv = [sys.executable, "-m", "gateway", "sim", "--port", str(port), "--model", model]
             argv += ["--seed", str(scenario.seed + 97 * len(children))]
             argv += ["--max-num-seqs", str(scenario.max_num_seqs)]
+            argv += ["--max-num-batched-tokens", str(scenario.max_num_batched_tokens)]
             argv += ["--time-scale", str(args.time_scale), "--method", args.method]
             argv += ["--engine", pool.engine.value]  # the engine's shapes and pages
             if pool.kind is PoolKind.SPECULATIVE:

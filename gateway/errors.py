@@ -1,16 +1,55 @@
-"""Gateway errors and their OpenAI-style rendering.
+"""Every error the gateway answers with, and where it comes from. One tree per boundary
+(``backends/errors.py`` draws the backend's); typed failures stay typed until the pipeline
+has decided what to do about them (fail over, retry a broken answer), and only then become
+an ``ApiError``, here, in ``from_backend`` and ``broke``.
 
-    ApiError(status, message, type, param, code)    -> {"error": {...}} with that status
-     ├── 400 invalid_request_error                   bad JSON, a bad field (param names it)
-     ├── 404 model_not_found                         no ladder serves the model
-     ├── 413 request_too_large                       body over max_body_bytes
-     ├── 503 no_healthy_upstream                     every pool of the ladder failed (Retry-After)
-     └── 504 upstream_timeout                        every try timed out
+    ApiError(status=, message=, type=, param=, code=)   -> {"error": {...}} with that status
+     │ the OpenAI routes (gateway/pipeline.py, gateway/schema.py, gateway/gate.py,
+     │ gateway/identity.py)
+     ├── 400 invalid_request_error          bad JSON, a bad field (``param`` names it)
+     ├── 401 invalid_api_key                 no valid API key where keys are required
+     ├── 404 model_not_found                 no ladder serves the model
+     ├── 413 request_too_large               body over ``max_body_bytes``
+     ├── 429 too_many_requests               no place in flight, the gateway's or the
+     │                                       tenant's (Retry-After)
+     ├── 499 client_closed                   the client hung up first (logged, never sent)
+     ├── 502 upstream_stream_broken          a whole answer broke part way, retries spent
+     │                                       (``StreamBroken``); after a stream's first
+     │                                       byte, its final SSE error event
+     ├── 502 upstream_error                  an upstream error event after the first, with
+     │                                       a 5xx code or none (``UpstreamErrorEvent``)
+     ├── 503 no_healthy_upstream             every pool of the ladder failed (Retry-After)
+     ├── 503 shutting_down                   draining (Retry-After, Connection: close); as
+     │                                       the final SSE event of a stream cut at the
+     │                                       end of the drain
+     ├── 504 upstream_timeout                every try timed out
+     ├── 4xx upstream_rejected               an upstream 4xx whose body is no error object
+     │ the admin API (gateway/server/admin.py, admin_policy.py)
+     ├── 400 invalid_request_error           a bad body or query parameter
+     ├── 401 unauthorized                    no bearer token
+     ├── 403 admin_disabled, forbidden       no admin token configured; a wrong one
+     ├── 403 policy_apply_disabled           applying drafts is off
+     ├── 404 flag_not_found, flag_not_set    no such flag; no ops value to delete
+     ├── 409 policy_changed                  the file changed since the draft was taken
+     ├── 409 policy_read_only                the file cannot be written here
+     ├── 413 body_too_large                  a draft over its limit
+     ├── 422 policy_invalid                  the draft does not lint
+     │ routing (gateway/server/app.py)
+     ├── 404 not_found, 405                  no such route; a method the route lacks
+     └── 500 (no code)                       a bug: logged with its traceback, answered
+                                             ``internal_error()``, no detail
 
-Backend errors (``backends.errors``) are turned into these by ``from_backend``; a 4xx from
-upstream, or an error event with a 4xx code that opened its stream, is passed through as it
-came, with its status, whether the client streams or not. Nothing else reaches the client:
-an unexpected exception is logged with its traceback and answered with a plain 500 body.
+Before a request exists (``gateway/server/connections.py``, the same shape, then
+``Connection: close``): 400 (not HTTP/1.1), 408 ``request_timeout``, 431
+``request_header_fields_too_large``, 503 ``too_many_connections``.
+
+Passed through as they came: a 4xx from upstream with an error object, or an error event
+with a 4xx code that opened its stream (``backends.errors.UpstreamRejected``), with its
+status, whether the client streams or not (``rejected``).
+
+    UpstreamErrorEvent   an upstream stream carried an error object after its first event
+                         (raised by the relay; a 4xx code there is still the client's
+                         ``UpstreamRejected``)
 """
 
 from __future__ import annotations
@@ -22,12 +61,23 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backends.errors import BackendError, UpstreamRejected, UpstreamTimeout
+from backends.errors import BackendError, StreamBroken, UpstreamRejected, UpstreamTimeout
 
 JSON = "application/json"
+BROKEN = "upstream_stream_broken"
 
 
-@dataclass(eq=False)
+class UpstreamErrorEvent(Exception):
+    """The upstream sent an error object as an event, after the stream had started;
+    ``status`` is its ``code`` when that is an HTTP status."""
+
+    def __init__(self, payload: bytes, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.payload = payload
+        self.status = status
+
+
+@dataclass(eq=False, kw_only=True)
 class ApiError(Exception):
     status: int
     message: str
@@ -60,14 +110,48 @@ class ApiError(Exception):
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
+    return ApiError(status=400, message=message, param=param)
 
 
-def from_backend(exc: BackendError) -> ApiError:
+def from_backend(exc: BackendError | UpstreamErrorEvent) -> ApiError:
+    """What the client is told of a failure nothing more will be tried for."""
+    if isinstance(exc, UpstreamErrorEvent):
+        return _server_error(502, str(exc), "upstream_error")
+    if isinstance(exc, StreamBroken):
+        return _server_error(502, str(exc), BROKEN)
     if isinstance(exc, UpstreamTimeout):
-        return ApiError(504, str(exc), "server_error", None, "upstream_timeout")
+        return _server_error(504, str(exc), "upstream_timeout")
     retry = exc.retry_after_s or 1.0
-    return ApiError(503, str(exc), "server_error", None, "no_healthy_upstream", retry)
+    return _server_error(503, str(exc), "no_healthy_upstream", retry)
+
+
+def broke(times: int) -> ApiError:
+    """A whole answer that broke ``times`` times, the last time with no retry left."""
+    message = f"the upstream answer broke before it was whole, {times} times"
+    return _server_error(502, message, BROKEN)
+
+
+def shutting_down(
+    message: str, retry_after_s: float | None = None, headers: dict[str, str] | None = None
+) -> ApiError:
+    return _server_error(503, message, "shutting_down", retry_after_s, headers)
+
+
+def _server_error(
+    status: int,
+    message: str,
+    code: str,
+    retry_after_s: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> ApiError:
+    return ApiError(
+        status=status,
+        message=message,
+        type="server_error",
+        code=code,
+        retry_after_s=retry_after_s,
+        headers=headers,
+    )
 
 
 def rejected(exc: UpstreamRejected, headers: dict[str, str] | None = None) -> Response:
@@ -80,7 +164,7 @@ def rejected(exc: UpstreamRejected, headers: dict[str, str] | None = None) -> Re
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return Response(exc.body, exc.status, headers, media_type=JSON)
     message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
-    return ApiError(exc.status, message, code="upstream_rejected").response(headers)
+    return ApiError(status=exc.status, message=message, code="upstream_rejected").response(headers)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

@@ -80,11 +80,9 @@ class Identity:
         found = caller_from(headers, self._header, self._keys)
         if self._require and found.tenant == ANONYMOUS:
             raise ApiError(
-                401,
-                "a valid API key is required (Authorization: Bearer <key>)",
-                "invalid_request_error",
-                None,
-                "invalid_api_key",
+                status=401,
+                message="a valid API key is required (Authorization: Bearer <key>)",
+                code="invalid_api_key",
             )
         return found
 

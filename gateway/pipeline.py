@@ -17,22 +17,22 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from backends.errors import BackendError, UpstreamRejected
+from backends.errors import BackendError, StreamBroken, UpstreamRejected
 from backends.pool import Attempt, Completed, Opened, PoolSpec
 from backends.retries import BreakBudget
 from gateway import schema
 from gateway.classify import classify
-from gateway.errors import JSON, ApiError, from_backend, rejected
+from gateway.errors import JSON, ApiError, UpstreamErrorEvent, broke, from_backend, rejected
+from gateway.forward.headers import decision_headers
+from gateway.forward.passthrough import one_answer, passes_through, stream_options
+from gateway.forward.relay import Relay
+from gateway.forward.respond import SSEResponse, cancelled_on_disconnect
 from gateway.identity import remembered
-from gateway.measure.acceptance import Fold, Labels, Outcome, Status
-from gateway.measure.engine_metrics import engine_timed
-from gateway.measure.shadow import answer_text
+from gateway.measure.acceptance import Fold, Labels, Status
+from gateway.measure.answer import Measurement
+from gateway.measure.completions import COMPLETIONS
 from gateway.measure.tracing import Trace
-from gateway.measure.validity import Collected, Expectation, expect
-from gateway.server.headers import decision_headers
-from gateway.server.passthrough import one_answer, passes_through, stream_options
-from gateway.server.respond import SSEResponse, cancelled_on_disconnect
-from gateway.server.streaming import Relay
+from gateway.measure.validity import Expectation, expect
 from gateway.services import Services
 from policies.decide import decide
 from policies.decision import Decision
@@ -42,12 +42,11 @@ T = TypeVar("T", Opened, Completed)
 _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
 _SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-_BROKEN = "upstream_stream_broken"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _OPERATION = {"chat": "chat", "completion": "text_completion"}  # GenAI conventions' names
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Ask:
     """One request after steps 1-4: what was asked, of whom, and what the policy decided."""
 
@@ -73,7 +72,7 @@ async def complete(
     request_id = _request_id(request.headers.get("x-request-id"))
     trace = services.telemetry.tracing.begin(request.headers, _OPERATION[kind])
     try:
-        with _errors_carry(request_id):
+        with _boundary(request_id):
             answer = await _serve(services, request, kind, started, request_id, trace)
     except ApiError as exc:
         trace.end(exc.status, exc)
@@ -109,24 +108,23 @@ async def _serve(
         services.request_log.add(services.wall(), path, payload, request.headers, features.tenant)
     if not decision.rungs:
         raise ApiError(
-            404,
-            f"The model `{parsed.model}` does not exist.",
+            status=404,
+            message=f"The model `{parsed.model}` does not exist.",
             param="model",
             code="model_not_found",
         )
-    decided = services.clock()
     ask = Ask(
-        kind,
-        parsed,
-        payload,
-        features,
-        decision,
-        path,
-        request_id,
-        started,
-        decided,
-        trace,
-        expect(payload),
+        kind=kind,
+        parsed=parsed,
+        payload=payload,
+        features=features,
+        decision=decision,
+        path=path,
+        request_id=request_id,
+        started=started,
+        decided=services.clock(),
+        trace=trace,
+        expect=expect(payload),
     )
     pool = policy.pools[decision.pool]
     if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
@@ -158,34 +156,40 @@ async def _streamed(services: Services, request: Request, ask: Ask) -> Response 
 
 
 def _relay(services: Services, ask: Ask, opened: Opened, *, retry: bool = False) -> Relay:
-    """Steps 6 (measure), 7 (feedback, ``on_done``) and 8 (respond) over one stream; a
-    retry starts no second shadow mirror."""
-    single = one_answer(ask.payload)
+    """Steps 6 (measure), 7 (feedback) and 8 (respond) over one stream; a retry starts no
+    second shadow mirror."""
     pool = services.policy.current.pools[opened.spec.name]
-    labels = _labels(ask, opened, single and pool.chunk_acceptance)
-    seen = functools.partial(services.reports.saw, opened.spec.name)
-    structure = Collected() if ask.expect is not None else None
-    ask.trace.relaying()
+    labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
+    capture = None if retry else _mirror(services, ask, labels)
     return Relay(
         opened,
-        Fold(labels, ask.started, ask.decided),
+        _measurement(services, ask, labels, opened.spec, capture),
         include_usage=ask.parsed.include_usage,
         clock=services.clock,
-        on_done=functools.partial(_finished, services, ask, structure),
-        capture=None if retry else _mirror(services, ask, labels),
-        on_metrics=seen if single and opened.spec.speculative else None,
-        structure=structure,
         include_sglext=ask.payload.get("return_spec_tokens_details") is True,
     )
 
 
-def _finished(services: Services, ask: Ask, structure: Collected | None, outcome: Outcome) -> None:
-    """Step 7 for one relayed stream: its answer checked, its outcome recorded, and its
-    trace told (a streamed answer's trace ends here)."""
-    services.checks.finish(outcome, ask.expect, structure)
-    ask.trace.finished(outcome)
-    if ask.parsed.stream:
-        ask.trace.end(200)
+def _measurement(
+    services: Services,
+    ask: Ask,
+    labels: Labels,
+    spec: PoolSpec,
+    capture: asyncio.Future[str] | None,
+) -> Measurement:
+    """Steps 6 and 7 for one answer of ``spec``'s pool, streamed or whole: checked, recorded,
+    told to the trace (which a streamed answer's measurement ends), and to the canary."""
+    reports = spec.speculative and one_answer(ask.payload)
+    return Measurement(
+        Fold(labels, ask.started, ask.decided),
+        services.clock,
+        services.checks,
+        expect=ask.expect,
+        trace=ask.trace,
+        ends_trace=ask.parsed.stream,
+        capture=capture,
+        on_metrics=functools.partial(services.reports.saw, spec.name) if reports else None,
+    )
 
 
 async def _collected(
@@ -210,12 +214,10 @@ async def _collected_within(
     while True:
         try:
             answer = await _relay(services, ask, opened, retry=retry).collect(chat=chat)
-        except ApiError as exc:
-            if exc.code != _BROKEN:
-                raise
-            broken.append(Attempt(opened.spec.name, opened.endpoint.url, exc.message))
+        except StreamBroken as exc:
+            broken.append(Attempt(opened.spec.name, opened.endpoint.url, str(exc)))
             if not budget.spend(opened.endpoint.url, services.clock()):
-                raise _broken_again(len(broken)) from None
+                raise broke(len(broken)) from None
         else:
             opened.attempts = (*broken, *opened.attempts)
             return answer, opened
@@ -223,7 +225,7 @@ async def _collected_within(
         again = functools.partial(services.pools.open, avoid=avoid)
         retried = await _forward(services, ask, again, streamed, _SSE)
         if isinstance(retried, Response):
-            raise _broken_again(len(broken))
+            raise broke(len(broken))
         opened, retry = retried, True
 
 
@@ -239,14 +241,10 @@ def _count_breaks(services: Services, ask: Ask, budget: BreakBudget) -> None:
         services.telemetry.failover(ask.decision.pool, "exhausted_after_break")
 
 
-def _broken_again(times: int) -> ApiError:
-    message = f"the upstream answer broke before it was whole, {times} times"
-    return ApiError(502, message, "server_error", None, _BROKEN)
-
-
 async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
-    passes through untouched; its usage and vLLM metrics are the measurement."""
+    passes through untouched; its usage and vLLM metrics are the measurement, the same as a
+    stream's."""
     done: Completed | Response | None = None
     async with cancelled_on_disconnect(request.receive):
         budget = _break_budget(services, ask)
@@ -260,29 +258,9 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     if isinstance(done, Response):
         return done
     labels = _labels(ask, done, chunks=False)
-    capture = _mirror(services, ask, labels)
-    ask.trace.relaying()
-    fold = Fold(labels, ask.started, ask.decided)
-    answer = _json_object(done.body)
-    metrics = answer.get("metrics")
-    if done.spec.speculative and one_answer(ask.payload):
-        services.reports.saw(done.spec.name, metrics)
-    fold.usage(answer.get("usage") or {}, metrics)
-    fold.answered(answer.get("choices"))
-    choices = answer.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        reason = choices[0].get("finish_reason")
-        if isinstance(reason, str) and reason:
-            fold.finished(reason)
-    outcome = engine_timed(fold.finish(Status.OK, services.clock()), metrics)
-    structure = None
-    if ask.expect is not None:
-        structure = Collected()
-        structure.body(answer)
-    services.checks.finish(outcome, ask.expect, structure)
-    ask.trace.finished(outcome)
-    if capture is not None:
-        capture.set_result(answer_text(answer))
+    measurement = _measurement(services, ask, labels, done.spec, _mirror(services, ask, labels))
+    COMPLETIONS.whole(measurement, _json_object(done.body))
+    measurement.finish(Status.OK)
     headers = _decision_headers(services, ask, done.spec.name, done.attempts)
     return Response(done.body, headers=headers, media_type=JSON)
 
@@ -313,10 +291,16 @@ def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
 
 
 @contextmanager
-def _errors_carry(request_id: str) -> Iterator[None]:
-    """The gateway's own error answers carry the request id too, like every other answer."""
+def _boundary(request_id: str) -> Iterator[None]:
+    """The one boundary of the request path: a typed failure that nothing more will be tried
+    for becomes the client's ``ApiError`` here, and the gateway's own error answers carry the
+    request id too, like every other answer."""
     try:
         yield
+    except (BackendError, UpstreamErrorEvent) as exc:
+        error = from_backend(exc)
+        error.headers = {"x-request-id": request_id}
+        raise error from None
     except ApiError as exc:
         exc.headers = {"x-request-id": request_id, **(exc.headers or {})}
         raise
@@ -331,7 +315,7 @@ def _request_id(given: str | None) -> str:
 
 
 def _client_closed() -> ApiError:
-    return ApiError(499, "the client closed the connection", code="client_closed")
+    return ApiError(status=499, message="the client closed the connection", code="client_closed")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -352,7 +336,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
+    return ApiError(
+        status=413, message=f"the body is larger than {limit} bytes", code="request_too_large"
+    )
 
 
 Body = bytes | Callable[[PoolSpec], bytes]
@@ -380,7 +366,7 @@ async def _forward(
             raise error from None
     services.telemetry.opened(result.spec.name, shadow=False)
     # a stream's first event comes once its prompt is prefilled; a whole answer's, later
-    services.load.prefill(result.endpoint.url, ask.features.prompt_tokens, services.clock())
+    services.feedback.prefilled(result.endpoint.url, ask.features.prompt_tokens, services.clock())
     for attempt in result.attempts:
         services.telemetry.upstream_failure(attempt.pool)
     if result.attempts or result.spec.name != ask.decision.pool:

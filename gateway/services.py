@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
+from gateway.forward.passthrough import PerRequestReports
+from gateway.forward.shadow import ShadowRunner
+from gateway.gate import Gate
 from gateway.identity import Identity
-from gateway.measure.acceptance import Outcome
 from gateway.measure.checks import Checks
+from gateway.measure.feedback import Feedback
 from gateway.measure.livestats import LiveStats
 from gateway.measure.load import LoadMeter
 from gateway.measure.loadscrape import LoadScraper
 from gateway.measure.outcomelog import OutcomeLog
 from gateway.measure.requestlog import RequestLog
 from gateway.measure.scrape import PoolScraper
-from gateway.measure.shadow import ShadowRunner
 from gateway.measure.signals import SignalsSeen
 from gateway.measure.telemetry import Telemetry
-from gateway.server.gate import Gate
-from gateway.server.passthrough import PerRequestReports
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore
 from gateway.state.memory import SharedState
@@ -30,6 +30,9 @@ from gateway.state.policyfile import PolicyHolder
 
 @dataclass(slots=True)
 class Services:
+    """Everything a running gateway is made of; ``outcomes`` and ``signals`` are where its
+    feedback goes."""
+
     settings: Settings
     clock: Callable[[], float]
     wall: Callable[[], float]
@@ -41,7 +44,7 @@ class Services:
     pools: Pools
     telemetry: Telemetry
     shadow: ShadowRunner
-    record: Callable[[Outcome], None]
+    feedback: Feedback
     scraper: PoolScraper
     defaults: Defaults
     reports: PerRequestReports
@@ -49,7 +52,13 @@ class Services:
     identity: Identity
     gate: Gate
     checks: Checks
-    outcomes: OutcomeLog
     load_scraper: LoadScraper | None = None
     request_log: RequestLog | None = None
-    signals: SignalsSeen = field(default_factory=SignalsSeen)
+
+    @property
+    def outcomes(self) -> OutcomeLog:
+        return self.feedback.outcomes
+
+    @property
+    def signals(self) -> SignalsSeen:
+        return self.feedback.signals

@@ -1,6 +1,8 @@
 """Gateway settings, from ``SPECLANE_*`` environment variables or arguments.
 
-The only module that reads the environment.
+The only module that reads the environment. Every field has a description: ``speclane
+settings --markdown`` makes the table of ``docs/configuration.md`` from them (a test keeps
+the page current).
 """
 
 from __future__ import annotations
@@ -38,47 +40,125 @@ class Settings(BaseSettings):
     def several_workers(self) -> bool:
         return isinstance(self.workers, int) and self.workers > 1
 
-    policy: Path = Field(Path("policy.yaml"), description="policy file (YAML)")
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="413 above this")
+    policy: Path = Field(
+        Path("policy.yaml"),
+        description="the policy file (`--policy`); reloaded when it changes, on SIGHUP and on "
+        "POST /admin/policy/reload",
+    )
+    host: str = Field("127.0.0.1", description="address to listen on (`--host`)")
+    port: int = Field(8080, description="port to listen on (`--port`)")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="larger request bodies get 413 (default 4 MiB)"
+    )
     max_header_bytes: int = Field(
-        64 * 1024, ge=1024, description="request line and headers; 431 above this"
+        64 * 1024,
+        ge=1024,
+        description="request line and headers; larger heads get 431, read no further "
+        "(default 64 KiB)",
     )
     header_timeout_s: float = Field(
-        10.0, gt=0, description="a request's headers must arrive within this; else 408, closed"
+        10.0,
+        gt=0,
+        description="a request's headers must arrive within this of the connection opening (or "
+        "of their first byte, on a kept-alive connection); else 408 and the connection closes",
     )
     body_timeout_s: float = Field(
-        60.0, gt=0, description="a request's body must arrive within this after its headers"
+        60.0,
+        gt=0,
+        description="a request's body must arrive within this of its headers; else 408 and the "
+        "connection closes",
     )
     max_connections: int = Field(
-        4096, ge=1, description="open client connections per process; 503 + Retry-After above"
+        4096,
+        ge=1,
+        description="open client connections per process; one more is answered 503 with "
+        "Retry-After and closed",
     )
     keepalive_timeout_s: float = Field(
-        5.0, gt=0, description="an idle keep-alive connection is closed after this"
+        5.0,
+        gt=0,
+        description="an idle keep-alive client connection is closed after this; behind a load "
+        "balancer, set it above the balancer's idle timeout",
     )
-    decision_headers: bool = Field(True, description="send x-speclane-* headers")
+    decision_headers: bool = Field(
+        True,
+        description="send the x-speclane-rule, -slice, -pool and -reason headers (x-request-id "
+        "is always sent)",
+    )
     trusted_tenant_header: str | None = Field(
-        None, description="a header an authenticating proxy in front sets to the tenant"
+        None,
+        description="a header an authenticating proxy in front sets to the tenant; unset, the "
+        "tenant comes from the API key",
     )
-    require_api_key: bool = Field(False, description="401 for requests without a known key")
-    max_requests: int = Field(1024, ge=1, description="requests in flight at once; 429 above")
+    require_api_key: bool = Field(
+        False, description="401 for a request without an API key the policy knows"
+    )
+    max_requests: int = Field(
+        1024, ge=1, description="requests in flight at once; 429 with Retry-After above"
+    )
     max_requests_per_tenant: int | None = Field(
-        None, ge=1, description="per tenant, unless the policy gives the tenant its own cap"
+        None,
+        ge=1,
+        description="requests in flight per tenant, unless the policy gives the tenant its own "
+        "cap; 429 with Retry-After above",
     )
-    endpoint_header: str = "x-speclane-endpoint"
-    default_temperature: float = Field(1.0, description="what backends use when unset")
-    default_top_p: float = 1.0
-    upstream_max_connections: int = Field(1024, ge=1)
-    upstream_keepalive_s: float = 30.0
-    outlier_consecutive_failures: int = Field(5, ge=1, description="failures in a row: eject")
-    outlier_interval_s: float = Field(10.0, gt=0, description="failure-share analysis period")
-    outlier_base_ejection_s: float = Field(30.0, gt=0, description="first ejection's length")
-    outlier_max_ejection_s: float = Field(300.0, gt=0, description="longest ejection")
-    outlier_max_ejection_percent: float = Field(50.0, ge=0, le=100, description="of a pool")
-    outlier_failure_percentage: float = Field(85.0, gt=0, le=100, description="eject above")
-    outlier_slow_start_s: float = Field(30.0, ge=0, description="ramp-up after return")
-    tries_per_pool: int = Field(2, ge=1)
+    endpoint_header: str = Field(
+        "x-speclane-endpoint",
+        description="a request header whose value names a product endpoint, which rules match "
+        "with match.endpoint",
+    )
+    default_temperature: float = Field(
+        1.0,
+        description="the temperature the backends use when a request leaves it out; rules "
+        "match on it",
+    )
+    default_top_p: float = Field(
+        1.0,
+        description="the top_p the backends use when a request leaves it out; rules match on it",
+    )
+    upstream_max_connections: int = Field(
+        1024,
+        ge=1,
+        description="connections to the pools' endpoints open at once, over all endpoints; a "
+        "request waits for one above; keep it plus SPECLANE_MAX_CONNECTIONS below ulimit -n",
+    )
+    upstream_keepalive_s: float = Field(
+        30.0,
+        description="an idle connection to an endpoint is reused for this long, then opened "
+        "anew; keep it below the servers' own keep-alive timeout",
+    )
+    outlier_consecutive_failures: int = Field(
+        5, ge=1, description="an endpoint is ejected after this many failures in a row"
+    )
+    outlier_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="the period over which an endpoint's failure share is judged (and one "
+        "ejection forgiven when clean)",
+    )
+    outlier_base_ejection_s: float = Field(
+        30.0, gt=0, description="an ejection lasts this times the number of recent ejections"
+    )
+    outlier_max_ejection_s: float = Field(300.0, gt=0, description="the longest ejection")
+    outlier_max_ejection_percent: float = Field(
+        50.0, ge=0, le=100, description="at most this share of a pool's endpoints is ejected"
+    )
+    outlier_failure_percentage: float = Field(
+        85.0,
+        gt=0,
+        le=100,
+        description="an endpoint with at least this share of at least 20 requests failed in "
+        "one interval is ejected",
+    )
+    outlier_slow_start_s: float = Field(
+        30.0,
+        ge=0,
+        description="a returning endpoint's share of the load grows from a tenth to all of it "
+        "over this",
+    )
+    tries_per_pool: int = Field(
+        2, ge=1, description="endpoints in service a request tries per rung, down the ladder"
+    )
     break_retries: int = Field(
         5,
         ge=0,
@@ -89,56 +169,118 @@ class Settings(BaseSettings):
         60.0, gt=0, description="no such retry starts later than this after the request came"
     )
     policy_watch_s: float = Field(1.0, gt=0, description="how often the policy file is checked")
-    admin_token: SecretStr | None = Field(None, description="bearer token; unset disables /admin")
-    console: bool = Field(True, description="serve the ops console at /console (needs /admin)")
-    policy_apply: bool = Field(False, description="let the admin API write the policy file")
-    redis_url: str | None = None
+    admin_token: SecretStr | None = Field(
+        None, description="bearer token for /admin; unset disables the admin API and the console"
+    )
+    console: bool = Field(
+        True, description="serve the ops console at /console when the admin API is on"
+    )
+    policy_apply: bool = Field(
+        False, description="let POST /admin/policy/apply (and the console) write the policy file"
+    )
+    redis_url: str | None = Field(
+        None,
+        description="share flags, audit, windows and guardrail states with other replicas and "
+        "workers through this Redis (`--redis-url`)",
+    )
     redis_password: SecretStr | None = Field(
         None, description="Redis AUTH password, when the URL carries none (from a Secret)"
     )
-    namespace: str = "speclane"
+    namespace: str = Field(
+        "speclane", description="prefix of every Redis key; deployments sharing a Redis differ"
+    )
     workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
         1,
-        description="processes serving the port; auto: one per CPU the container may use "
-        "when Redis is set, else one (workers share state through Redis, as replicas do)",
+        description="processes serving the port (`--workers`); more than one needs "
+        "SPECLANE_REDIS_URL; auto: one per CPU the container may use when Redis is set, else "
+        "one (the container image's default)",
     )
     metrics_dir: Path | None = Field(
-        None, description="where several workers keep their metrics; default: a temp dir"
+        None,
+        description="where several workers keep their metrics for /metrics to sum; emptied at "
+        "start; default: a temporary directory",
     )
-    sync_interval_s: float = Field(1.0, gt=0)
-    discovery_interval_s: float = Field(10.0, gt=0, description="DNS re-resolve period")
-    scrape_interval_s: float = Field(10.0, gt=0, description="pool /metrics scrape period")
+    sync_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often a replica pulls flags and states from Redis, beside pub/sub",
+    )
+    discovery_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="how often a pool with discovery: dns re-resolves its endpoints' hosts",
+    )
+    scrape_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="how often each endpoint's metrics page is read (speculation counters, "
+        "load, health)",
+    )
     request_log: Path | None = Field(
         None,
-        description="append every request (time, body, routing headers; no API key) to this "
-        "JSONL file, for speclane replay --log",
+        description="append every request (time, body, routing headers and tenant; never the "
+        "API key) to this JSONL file, for speclane replay --log",
     )
-    shadow_max_concurrency: int = Field(8, ge=0, description="mirrors in flight at most")
-    shadow_tokens_per_minute: float = Field(200_000, ge=0, description="mirror token budget")
-    shadow_max_outstanding: int = Field(16, ge=1, description="skip mirrors to busier endpoints")
-    shadow_timeout_s: float = Field(120.0, gt=0)
-    canary_max_mismatch: float = Field(0.1, ge=0, le=1, description="greedy mismatch alarm")
-    canary_min_samples: int = Field(20, ge=1)
-    otlp_endpoint: str | None = Field(None, description="export traces over OTLP/HTTP")
+    shadow_max_concurrency: int = Field(
+        8, ge=0, description="shadow mirrors in flight at once, per process; more are dropped"
+    )
+    shadow_tokens_per_minute: float = Field(
+        200_000,
+        ge=0,
+        description="tokens mirrors may spend per minute, per process (each counts its prompt's "
+        "estimated tokens plus its max_tokens); mirrors beyond the budget are dropped",
+    )
+    shadow_max_outstanding: int = Field(
+        16,
+        ge=1,
+        description="no mirror goes to a pool whose least busy endpoint has this many requests "
+        "in flight",
+    )
+    shadow_timeout_s: float = Field(
+        120.0, gt=0, description="a mirror that has not finished within this is given up"
+    )
+    canary_max_mismatch: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="share of temperature-0 mirrors whose text differs from the client's "
+        "answer above which a slice gets a guardrail event",
+    )
+    canary_min_samples: int = Field(
+        20, ge=1, description="mirrors compared before that share is judged"
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="export one trace per request over OTLP/HTTP to this URL"
+    )
     outcome_log: Path | None = Field(
-        None, description="write what each request came to here, a JSON line each (report)"
+        None,
+        description="write what each request came to (numbers and labels, no prompts or keys) "
+        "here, a JSON line each, for speclane report",
     )
-    outcome_log_max_mb: float = Field(100.0, gt=0, description="rotate the outcome log above")
+    outcome_log_max_mb: float = Field(
+        100.0, gt=0, description="rotate the outcome log to FILE.1 above this size"
+    )
     outcome_records: int = Field(
         10_000, ge=0, description="newest outcome records kept for GET /admin/outcomes"
     )
     metrics_max_slices: int = Field(
         200, ge=0, description="slices with their own metric label; later ones are 'other'"
     )
-    graceful_shutdown_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
+    graceful_shutdown_s: float = Field(
+        30.0, gt=0, description="on SIGTERM, how long answers in flight have to finish"
+    )
     drain_delay_s: float = Field(
         2.0,
         ge=0,
         description="on SIGTERM, /readyz fails and new requests get 503 for this long before "
         "the port closes and the drain time starts (SIGINT skips it)",
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
-    access_log: bool = Field(False, description="one log line per request")
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        "info",
+        description="log level (`--log-level`): trace, debug, info, warning, error or critical; "
+        "every line carries a timestamp",
+    )
+    access_log: bool = Field(False, description="one log line per request (`--access-log`)")
 
 
 def export_metrics_dir(path: Path) -> None:

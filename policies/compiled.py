@@ -47,6 +47,39 @@ class Ladder:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a rule puts its slices on their model's ladder: ``start``, the index of the
+    rule's start rung, and a slice ``offset`` rungs below it is served on ``serving``."""
+
+    rule: CompiledRule
+    ladder: Ladder
+
+    @property
+    def guardrail(self) -> Guardrail:
+        return self.rule.guardrail
+
+    @property
+    def start(self) -> int:
+        return self.ladder.index(self.rule.rule.start)
+
+    @property
+    def shadowed(self) -> bool:
+        """The rule starts on ``shadow``: no guardrail moves its slices."""
+        return self.rule.rule.start == SHADOW
+
+    def serving(self, offset: int) -> int:
+        """The index of the rung a slice ``offset`` rungs below the start is served on."""
+        return min(self.start + offset, len(self.ladder.pools) - 1)
+
+    def pool(self, offset: int) -> str:
+        return self.ladder.pools[self.serving(offset)]
+
+    def below(self, offset: int) -> int:
+        """How many rungs lie below the one a slice ``offset`` rungs down is served on."""
+        return len(self.ladder.pools) - 1 - self.serving(offset)
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledPolicy:
     file: PolicyFile
     pools: Mapping[str, Pool]
@@ -62,6 +95,17 @@ class CompiledPolicy:
 
     def rule(self, name: str) -> CompiledRule | None:
         return self.by_name.get(name)
+
+    def placement(self, rule: str, model: str) -> Placement | None:
+        """The rule's place on the model's ladder; None when either is gone."""
+        compiled = self.by_name.get(rule)
+        ladder = self.ladders.get(model)
+        return None if compiled is None or ladder is None else Placement(compiled, ladder)
+
+    def price(self, pool: str) -> float | None:
+        """What one endpoint of ``pool`` costs per hour, where the policy says."""
+        found = self.pools.get(pool)
+        return None if found is None else found.cost_per_hour
 
 
 def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> CompiledPolicy:

@@ -20,6 +20,8 @@ collapse shows within a few requests; so does a healing seen by probes), and a s
 the line is judged on everything it has. A rung moves only when the other is cheaper at
 ``confidence`` (one-sided; 0.999 is z = 3.1, strict because the test repeats on every
 request).
+
+Explained for operators, with its numbers, in docs/guardrail.md ("The economic guardrail").
 """
 
 from __future__ import annotations

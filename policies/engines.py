@@ -43,6 +43,8 @@ public index this project used):
   last N finished requests falls below the threshold.
 
 Pure: no I/O.
+
+Explained for operators, with its numbers, in docs/measuring.md ("Engines").
 """
 
 from __future__ import annotations

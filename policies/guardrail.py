@@ -23,7 +23,13 @@ Threshold mode (``step``):
 
 Only samples taken since the slice entered its phase are judged, so evidence from before a
 transition never triggers the next one; with ``cooldown_s`` this is what keeps a slice from
-flapping. Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
+flapping.
+
+In either mode an ``alarm`` (the shadow canary's) moves a slice one rung down at once.
+
+Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
+
+Explained for operators, with its numbers, in docs/guardrail.md.
 """
 
 from __future__ import annotations
@@ -32,8 +38,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from policies.economics import Judgement
-from policies.model import Guardrail, GuardrailMode, ProbeMode
-from policies.speedup import draft_rate_to_token_rate, expected_speedup
+from policies.model import Guardrail, ProbeMode
 
 MAX_PROBE_SHARE = 0.5
 
@@ -69,16 +74,12 @@ ON_START = SliceState()
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """What live statistics say about one pool for one slice since a point in time.
-
-    ``acceptance`` is the draft acceptance rate (accepted / drafted draft tokens) and is
-    None when no request reported it. ``speedup`` is a measured time-per-output-token ratio
-    (standard / this pool) when both sides have enough samples, else None.
-    """
+    """What live statistics say about one pool for one slice since a point in time, for
+    threshold mode: ``acceptance`` is the draft acceptance rate (accepted / drafted draft
+    tokens), None when no request reported it."""
 
     samples: int = 0
     acceptance: float | None = None
-    speedup: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +149,11 @@ def _maybe_fall(
     config: Guardrail,
     now: float,
 ) -> tuple[SliceState, Transition | None]:
-    floor = config.min_speedup if config.mode is GuardrailMode.SPEEDUP else config.min_acceptance
+    floor = config.min_acceptance
     if score >= floor or rungs_below == 0:
         return state, None
     after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
-    reason = f"{_what(config)} {score:.3f} < {floor:g} over {numbers['samples']:g} requests"
+    reason = f"acceptance {score:.3f} < {floor:g} over {numbers['samples']:g} requests"
     return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
@@ -164,44 +165,27 @@ def _probe_result(
     config: Guardrail,
     now: float,
 ) -> tuple[SliceState, Transition | None]:
-    bar = config.recover_speedup if config.mode is GuardrailMode.SPEEDUP else config.recover_above
+    bar = config.recover_above
     if score > bar:
         offset = state.offset - 1
         phase = Phase.ON if offset == 0 else Phase.FALLEN_BACK
         after = SliceState(offset, phase, now, state.version + 1)
-        reason = f"probe: {_what(config)} {score:.3f} > {bar:g}: recovered one rung"
+        reason = f"probe: acceptance {score:.3f} > {bar:g}: recovered one rung"
     else:
         after = SliceState(state.offset, Phase.FALLEN_BACK, now, state.version + 1)
-        reason = f"probe: {_what(config)} {score:.3f} <= {bar:g}: staying down"
+        reason = f"probe: acceptance {score:.3f} <= {bar:g}: staying down"
     return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
 def _scored(judged: Judged, config: Guardrail) -> tuple[float, dict[str, float]] | None:
-    if judged.k is None or judged.evidence.samples < config.min_samples:
+    """The windowed acceptance of a speculative rung with ``min_samples``, and its numbers."""
+    evidence = judged.evidence
+    if judged.k is None or evidence.samples < config.min_samples or evidence.acceptance is None:
         return None
-    score, numbers = _score(judged.evidence, judged.k, config)
-    return None if score is None else (score, numbers)
-
-
-def _what(config: Guardrail) -> str:
-    return "speed-up" if config.mode is GuardrailMode.SPEEDUP else "acceptance"
-
-
-def _score(evidence: Evidence, k: int, config: Guardrail) -> tuple[float | None, dict[str, float]]:
-    numbers: dict[str, float] = {"samples": float(evidence.samples)}
-    if evidence.acceptance is not None:
-        numbers["acceptance"] = evidence.acceptance
-    if config.mode is GuardrailMode.THRESHOLD:
-        return evidence.acceptance, numbers
-    if evidence.speedup is not None:
-        numbers["measured_speedup"] = evidence.speedup
-        return evidence.speedup, numbers
-    if evidence.acceptance is None:
-        return None, numbers
-    a = draft_rate_to_token_rate(evidence.acceptance, k)
-    estimate = expected_speedup(a, k, config.draft_cost_ratio)
-    numbers["expected_speedup"] = estimate
-    return estimate, numbers
+    return evidence.acceptance, {
+        "samples": float(evidence.samples),
+        "acceptance": evidence.acceptance,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +269,23 @@ def _event(
     why: str,
 ) -> Transition:
     return Transition(slice_key, now, before, after, f"{why}: {judged.reason}", judged.numbers)
+
+
+def alarm(
+    slice_key: str,
+    state: SliceState,
+    rungs_below: int,
+    reason: str,
+    numbers: dict[str, float],
+    now: float,
+) -> tuple[SliceState, Transition]:
+    """An outside signal that speculation is wrong for a slice (the shadow canary's greedy
+    mismatches), in any mode: the slice falls one rung when there is one below the rung it
+    is served on; else the event is only logged, and the state returned is ``state``."""
+    after = state
+    if rungs_below > 0:
+        after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
+    return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
 def reset_on_reload(state: SliceState, ladder_rungs_below_start: int) -> SliceState:

@@ -1,20 +1,22 @@
 """Every problem of one policy file at once: YAML, schema and cross-file checks, placed.
 
 ``lint`` is what both ``speclane policy lint`` and ``load_policy`` (hence the gateway's hot
-reload) run, so an operator sees the same lines in both places. When only some rules fail
-schema validation, the rest of the file is still checked, so one typo does not hide a
-missing pool. Pure: takes text, not a path.
+reload) run, so an operator sees the same lines in both places. When the schema fails, the
+rest of the file is still checked (``policies/salvage.py``), so a typo or a wrongly typed
+value does not hide a missing pool. Pure: takes text, not a path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from policies.checks import check
 from policies.load import Positions, read, validate
-from policies.model import PolicyFile
-from policies.problems import Path, Problem, ordered
+from policies.model import ALIASES, PolicyFile
+from policies.problems import Path, Problem, Severity, ordered
+from policies.salvage import salvaged
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,36 +49,28 @@ def lint(text: str | bytes, filename: str = "<policy>") -> Report:
         return Report(filename, tuple(ordered(got.problems)))
     policy, problems = validate(got.raw, got.positions)
     if policy is not None:
-        found = [*got.problems, *_placed(check(policy), got.positions)]
+        checked = [*check(policy), *_aliased(got.raw)]
+        found = [*got.problems, *_placed(checked, got.positions)]
         return Report(filename, tuple(ordered(found)), policy)
-    found = [*got.problems, *problems, *_salvaged(got.raw, got.positions, problems)]
+    found = [*got.problems, *problems, *_placed(salvaged(got.raw), got.positions)]
     return Report(filename, tuple(ordered(found)))
 
 
-def _salvaged(raw: dict[str, Any], positions: Positions, errors: list[Problem]) -> list[Problem]:
-    """Cross-file checks over the rules that did validate, when only rules failed."""
+def _aliased(raw: dict[str, Any]) -> Iterator[Problem]:
+    """Guardrail modes written by an older name (``policies/model.py``'s ``ALIASES``): read
+    as the mode they name now, and said, so that the file can say it too."""
+    places: list[tuple[Path, object]] = [(("guardrail",), raw.get("guardrail"))]
     rules = raw.get("rules")
-    broken = {p.path[1] for p in errors if p.path[:1] == ("rules",) and len(p.path) > 1}
-    if not isinstance(rules, list) or not broken or any(p.path[:1] != ("rules",) for p in errors):
-        return []
-    kept = [i for i in range(len(rules)) if i not in broken]
-    if not kept:
-        return []
-    policy, still = validate({**raw, "rules": [rules[i] for i in kept]}, positions)
-    if policy is None or still:
-        return []
-    problems = [_renumbered(p, kept) for p in check(policy)]
-    if kept[-1] != len(rules) - 1:  # the real last rule is broken: do not judge a stand-in
-        problems = [p for p in problems if p.code != "no-default"]
-    return _placed(problems, positions)
-
-
-def _renumbered(problem: Problem, kept: list[int]) -> Problem:
-    path = problem.path
-    if len(path) > 1 and path[0] == "rules" and isinstance(path[1], int):
-        renumbered: Path = ("rules", kept[path[1]], *path[2:])
-        return replace(problem, path=renumbered)
-    return problem
+    for i, rule in enumerate(rules if isinstance(rules, list) else ()):
+        if isinstance(rule, dict):
+            places.append((("rules", i, "guardrail"), rule.get("guardrail")))
+    for at, guardrail in places:
+        mode = guardrail.get("mode") if isinstance(guardrail, dict) else None
+        if isinstance(mode, str) and mode in ALIASES:
+            now = ALIASES[mode].value
+            message = f"mode {mode!r} is an older name for {now!r}"
+            hint = f"write mode: {now}"
+            yield Problem((*at, "mode"), message, hint, Severity.WARNING, code="alias")
 
 
 _AT_KEY = {"unused-flag"}  # problems about a key itself, not about its value

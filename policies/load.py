@@ -242,47 +242,50 @@ def parse(text: str | bytes, filename: str = "<policy>") -> Loaded:
     return Loaded(policy, got.positions, got.raw)
 
 
-def explain_errors(exc: ValidationError, raw: Any, positions: Positions) -> list[Problem]:
-    """pydantic's errors as problems: union members collapsed, missing-vs-typo merged."""
+def explain_errors(
+    exc: ValidationError, raw: Any, positions: Positions, root: Any = PolicyFile
+) -> list[Problem]:
+    """pydantic's errors as problems: union members collapsed, missing-vs-typo merged.
+    ``root`` is the model validated (any file read with ``read``: a policy, a scenario)."""
     plain: list[tuple[Any, schema.Place]] = []
     unions: dict[Path, list[tuple[Any, schema.Place]]] = {}
     for error in exc.errors(include_url=False):
-        place = schema.walk(tuple(error["loc"]))
+        place = schema.walk(tuple(error["loc"]), root)
         if place.union_at is None:
             plain.append((error, place))
         else:
             unions.setdefault(place.union_at, []).append((error, place))
-    problems = [_problem(error, place, raw, positions) for error, place in plain]
+    problems = [_problem(error, place, raw, positions, root) for error, place in plain]
     for at, members in unions.items():
-        problems.extend(_union_problems(at, members, raw, positions))
-    return _without_typo_twins(_unique(problems), exc)
+        problems.extend(_union_problems(at, members, raw, positions, root))
+    return _without_derived(_without_typo_twins(_unique(problems), exc, root), raw)
 
 
 def _union_problems(
-    at: Path, members: list[tuple[Any, schema.Place]], raw: Any, positions: Positions
+    at: Path, members: list[tuple[Any, schema.Place]], raw: Any, positions: Positions, root: Any
 ) -> list[Problem]:
     value = _value_at(raw, at)
     if isinstance(value, dict):
         inside = [(e, p) for e, p in members if schema.model_of(p.branch) is not None]
         if inside:
-            return [_problem(error, place, raw, positions) for error, place in inside]
-    expected = schema.walk(at).expected
+            return [_problem(error, place, raw, positions, root) for error, place in inside]
+    expected = schema.walk(at, root).expected
     message = f"expected {schema.describe(expected)}, got {_shown(value)}"
     hint = _meant(value, schema.choices(expected))
     return [positions.place(Problem(at, message, hint, code="type"))]
 
 
-def _problem(error: Any, place: schema.Place, raw: Any, positions: Positions) -> Problem:
+def _problem(error: Any, place: schema.Place, raw: Any, positions: Positions, root: Any) -> Problem:
     kind: str = error["type"]
     path = place.path
     if kind == "extra_forbidden":
         key = str(path[-1])
-        parent = schema.walk(tuple(error["loc"])[:-1]).expected
+        parent = schema.walk(tuple(error["loc"])[:-1], root).expected
         hint = did_you_mean(key, schema.allowed_keys(parent), "allowed keys")
         problem = Problem(path, f"unknown key {key!r}", hint, code="unknown-key")
         return positions.place(problem, key=True)
     if kind == "missing":
-        parent = schema.walk(tuple(error["loc"])[:-1]).expected
+        parent = schema.walk(tuple(error["loc"])[:-1], root).expected
         hint = schema.description(parent, str(path[-1]))
         problem = Problem(path, f"missing required key {path[-1]!r}", hint, code="missing")
         return positions.place(problem)
@@ -339,16 +342,30 @@ def _value_error(error: Any, path: Path, raw: Any, positions: Positions) -> Prob
     return positions.place(Problem(at, message, code="value"))
 
 
-def _without_typo_twins(problems: list[Problem], exc: ValidationError) -> list[Problem]:
+def _without_typo_twins(problems: list[Problem], exc: ValidationError, root: Any) -> list[Problem]:
     """Drop "missing 'start'" when the same mapping has an unknown key meant as 'start'."""
     meant: set[Path] = set()
     for error in exc.errors(include_url=False):
         if error["type"] == "extra_forbidden":
             loc = tuple(error["loc"])
-            parent = schema.walk(loc[:-1])
+            parent = schema.walk(loc[:-1], root)
             key = closest(str(loc[-1]), schema.allowed_keys(parent.expected))
             meant.add((*parent.path, key or ""))
     return [p for p in problems if not (p.code == "missing" and p.path in meant)]
+
+
+def _without_derived(problems: list[Problem], raw: Any) -> list[Problem]:
+    """Drop "missing 'start'" in a rule with an experiment: its start is the first arm, and
+    the arm's own problem is reported where it is."""
+
+    def derived(p: Problem) -> bool:
+        parent = _value_at(raw, p.path[:-1])
+        in_rule = p.path[:1] == ("rules",) and len(p.path) == 3 and p.path[-1] == "start"
+        return (
+            in_rule and p.code == "missing" and isinstance(parent, dict) and "experiment" in parent
+        )
+
+    return [p for p in problems if not derived(p)]
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from policies.features import ResponseFormat
 
@@ -158,7 +158,21 @@ class Match(_Strict):
 class GuardrailMode(StrEnum):
     ECONOMIC = "economic"
     THRESHOLD = "threshold"
-    SPEEDUP = "speedup"
+
+
+ALIASES = {"speedup": GuardrailMode.ECONOMIC}  # older names of guardrail modes
+
+
+def _mode(value: object) -> object:
+    return ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+# a guardrail mode, by its name or an older one (read as the mode it names now)
+Mode = Annotated[
+    GuardrailMode,
+    BeforeValidator(_mode),
+    WithJsonSchema({"type": "string", "enum": [*GuardrailMode, *ALIASES]}),
+]
 
 
 class ProbeMode(StrEnum):
@@ -174,11 +188,12 @@ class Guardrail(_Strict):
     pools' current load: tokens per engine step measured for the slice, each pool's step
     time learned from its traffic as a function of its batch, and ``cost_per_hour``. A
     slice moves when the other rung is cheaper with ``confidence``. ``speedup`` is an older
-    name for it. ``threshold`` compares the windowed draft acceptance rate with
-    ``min_acceptance`` and ``recover_above`` (where drafts are visible).
+    name for it, read as ``economic`` when the file is loaded. ``threshold`` compares the
+    windowed draft acceptance rate with ``min_acceptance`` and ``recover_above`` (where drafts
+    are visible).
     """
 
-    mode: GuardrailMode = GuardrailMode.ECONOMIC
+    mode: Mode = GuardrailMode.ECONOMIC
     min_acceptance: Annotated[float, Field(ge=0, le=1)] = 0.55
     recover_above: Annotated[float, Field(ge=0, le=1)] = 0.62
     min_samples: Annotated[int, Field(ge=1)] = 3
@@ -195,13 +210,13 @@ class Guardrail(_Strict):
 
     @property
     def economic(self) -> bool:
-        return self.mode is not GuardrailMode.THRESHOLD
+        return self.mode is GuardrailMode.ECONOMIC
 
 
 class GuardrailOverride(_Strict):
     """Per-rule changes to the policy's guardrail defaults."""
 
-    mode: GuardrailMode | None = None
+    mode: Mode | None = None
     min_acceptance: Annotated[float, Field(ge=0, le=1)] | None = None
     recover_above: Annotated[float, Field(ge=0, le=1)] | None = None
     min_samples: Annotated[int, Field(ge=1)] | None = None

@@ -44,8 +44,8 @@ _GUARDRAIL = {
     "add in expectation (probes of a rung barely dearer are many, of one far dearer few)",
     "confidence": "economic mode: how sure the guardrail must be that the other rung is "
     "cheaper before it moves a slice (one-sided)",
-    "min_speedup": "ignored: economic mode judges cost, not a speed-up bar",
-    "recover_speedup": "ignored: economic mode judges cost, not a speed-up bar",
+    "min_speedup": "ignored (older files set it): the guardrail judges cost or acceptance",
+    "recover_speedup": "ignored (older files set it): the guardrail judges cost or acceptance",
     "draft_cost_ratio": "cost of one draft pass relative to one target pass (c): the prior "
     "for a pool's step time before it has served anything",
 }
@@ -143,9 +143,10 @@ class Place:
     branch: Any = None
 
 
-def walk(loc: tuple[str | int, ...]) -> Place:
-    """Follow ``loc`` from the top of the file; unknown parts keep the path, lose the type."""
-    expected: Any = m.PolicyFile
+def walk(loc: tuple[str | int, ...], root: Any = m.PolicyFile) -> Place:
+    """Follow ``loc`` from the top of the file (a ``root`` model, the policy file unless
+    said); unknown parts keep the path, lose the type."""
+    expected: Any = root
     path: Path = ()
     union_at: Path | None = None
     branch: Any = None

@@ -5,7 +5,6 @@ With per-token acceptance ``a`` (each draft token accepted independently with pr
 drafting stops at the first rejection) and ``k`` draft tokens per step:
 
     expected tokens per target step   E = (1 - a^(k+1)) / (1 - a)
-    wall-time speed-up                S = E / (k*c + 1),  c = draft step cost / target step cost
 
 vLLM's *draft acceptance rate* is accepted / drafted = (E - 1) / k, not ``a``; solve for ``a``
 with ``draft_rate_to_token_rate``. vLLM's *mean acceptance length* is E.
@@ -18,10 +17,6 @@ def expected_tokens_per_step(a: float, k: int) -> float:
     if a >= 1.0:
         return float(k + 1)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
-def expected_speedup(a: float, k: int, c: float) -> float:
-    return expected_tokens_per_step(a, k) / (k * c + 1.0)
 
 
 def draft_rate_to_token_rate(rate: float, k: int) -> float:

@@ -35,6 +35,13 @@ seen only at batch 1 extrapolates with the speculative pool's measured slope, an
 overrule the prior where they exist. Without another pool, a loose generic prior
 (``KAPPA``, ``PREFILL_KAPPA``) stands in.
 
+``HingeFit`` is an alternative shape, not the default: a floor, then a slope past a knee
+(a GPU's memory-bound then compute-bound step), kept with the same O(1) decaying sums at a
+fixed set of candidate knees, the best-supported one chosen at question time. On step times
+measured on an H200 (``bench/RESULTS.md``, "Real hardware") it stays within ~5-8% over the
+batches a pool was seen at, where the line is off by up to 10-18%; above them neither shape
+can see a knee that no observation shows.
+
 Physical priors, not fitted to any test: ``KAPPA`` (a sequence adds 2% of a step's fixed
 time per token it verifies: a memory-bound accelerator adds less, the simulator 3%),
 ``PREFILL_KAPPA`` (a prompt token costs 0.4% of a step's fixed time: the fixed part reads
@@ -45,10 +52,13 @@ settings: every part of its line within a factor ~1.6 of what the relation says,
 together), ``TRANSFER_SD`` (the relation itself holds within ~15% for each part: the
 draft's cost and the attention share vary), ``NOISE_SD`` (one request's mean step time is
 within ~15% of the line: batch changes during its life).
+
+Explained for operators, with its numbers, in docs/guardrail.md ("The economic guardrail").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -97,7 +107,11 @@ class Line:
     def at(self, batch: float, prefill: float = 0.0) -> StepTime:
         """The step at ``batch`` sequences with ``prefill`` prompt tokens in it (0: a decode
         step, what a sequence pays to decode)."""
-        x = (1.0, max(batch, 1.0), max(prefill, 0.0))
+        return self.at_point(max(batch, 1.0), prefill)
+
+    def at_point(self, x1: float, prefill: float = 0.0) -> StepTime:
+        """The step at the regressors as they are (``HingeFit``'s past-the-knee batch)."""
+        x = (1.0, x1, max(prefill, 0.0))
         seconds = max(_dot(self.mean, x), 1e-9)
         var = max(_dot(x, _apply(self.cov, x)), 0.0)
         learned = self.observations >= MIN_OBSERVATIONS
@@ -174,14 +188,7 @@ class StepFit:
             prior = _generic(mean_x, mean_y, KAPPA * self.tokens_per_seq)
         if n <= 0:
             return prior
-        noise = NOISE_SD**2
-        line = prior
-        for _ in range(2):  # the noise from the residuals of the first pass
-            line = _posterior(prior, n, xx, xy, noise)
-            beta = line.mean
-            rss = n - 2 * _dot(beta, xy) + _dot(beta, _apply(xx, beta))
-            noise = (NOISE_WEIGHT * NOISE_SD**2 + max(rss, 0.0)) / (NOISE_WEIGHT + n)
-        return line
+        return _fit(prior, n, xx, xy)[0]
 
     def predict(self, now: float, batch: float, prior: Line | None = None) -> StepTime | None:
         """Seconds per decode step at ``batch``: from the pool's own observations (at least
@@ -190,6 +197,19 @@ class StepFit:
             return None
         line = self.line(now, prior)
         return None if line is None else line.at(batch)
+
+
+def _fit(prior: Line, n: float, xx: Matrix, xy: Vector) -> tuple[Line, float]:
+    """The posterior under ``prior``, its noise pooled from the residuals of a first pass,
+    and the weighted residual sum of squares (relative residuals)."""
+    noise = NOISE_SD**2
+    line, rss = prior, 0.0
+    for _ in range(2):
+        line = _posterior(prior, n, xx, xy, noise)
+        beta = line.mean
+        rss = max(n - 2 * _dot(beta, xy) + _dot(beta, _apply(xx, beta)), 0.0)
+        noise = (NOISE_WEIGHT * NOISE_SD**2 + rss) / (NOISE_WEIGHT + n)
+    return line, rss
 
 
 def _generic(x: tuple[float, float], y: float, per_seq: float) -> Line:
@@ -265,6 +285,116 @@ def combine(priors: Iterable[Line]) -> Line | None:
     precision = _symmetric(total)
     a, b, c = _solve([list(row) for row in precision], list(r))
     return Line(a, b, c, cov=_inverse(precision))
+
+
+# --- an alternative shape: a floor, then a slope past a knee ---------------------------------
+
+HINGE_KNEES = (0.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Hinge:
+    """A belief about ``seconds = a + b * max(0, batch - knee) + c * prefill``: ``line``
+    holds a, b and c in that coordinate (knee 0 is ``Line`` itself)."""
+
+    knee: float
+    line: Line
+
+    def at(self, batch: float, prefill: float = 0.0) -> StepTime:
+        return self.line.at_point(max(max(batch, 1.0) - self.knee, 0.0), prefill)
+
+
+@dataclass(slots=True)
+class HingeFit:
+    """``StepFit``'s observations, fitted as a floor and a slope past a knee as well as a
+    line: a GPU's step is flat while reading the weights dominates (memory-bound) and grows
+    with the tokens once compute does, which a line through both stretches fits badly at
+    both ends. Not the guardrail's default.
+
+    For each knee of ``knees`` (batches; 0 is the line) it keeps the same decaying weighted
+    sums as ``StepFit`` in the coordinate ``max(0, batch - knee)``, and the weight seen above
+    the knee: O(len(knees)) per observation, a constant. ``hinge`` fits every knee that has at
+    least ``MIN_OBSERVATIONS`` of weight on both sides and picks the one with the lowest
+    Bayesian information criterion (residuals in units of ``NOISE_SD``, a knee counting as a
+    parameter), so a knee must earn its place and flat or straight data stays a line. A prior
+    ``Line`` from another pool (``transfer``) applies to the line only: the knees start from
+    the generic prior."""
+
+    half_life_s: float = 300.0
+    tokens_per_seq: int = 1
+    knees: tuple[float, ...] = HINGE_KNEES
+    at: float = 0.0
+    w: float = 0.0
+    xx: list[list[float]] = field(default_factory=list)
+    xy: list[list[float]] = field(default_factory=list)
+    above: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.knees)
+        self.xx = [[0.0] * len(_PAIRS) for _ in range(n)]
+        self.xy = [[0.0] * 3 for _ in range(n)]
+        self.above = [0.0] * n
+
+    def add(
+        self, now: float, batch: float, seconds: float, weight: float = 1.0, prefill: float = 0.0
+    ) -> None:
+        if seconds <= 0 or weight <= 0:
+            return
+        self._decay(now)
+        batch, omega, p = max(batch, 1.0), weight / (seconds * seconds), max(prefill, 0.0)
+        self.w += weight
+        for j, knee in enumerate(self.knees):
+            x = (1.0, max(batch - knee, 0.0), p)
+            sums, products = self.xx[j], self.xy[j]
+            for n, (i, k) in enumerate(_PAIRS):
+                sums[n] += omega * x[i] * x[k]
+            for i in range(3):
+                products[i] += omega * x[i] * seconds
+            if batch > knee:
+                self.above[j] += weight
+
+    def _decay(self, now: float) -> None:
+        if now > self.at:
+            f = self._factor(now)
+            self.w *= f
+            for sums in (*self.xx, *self.xy, self.above):
+                sums[:] = [v * f for v in sums]
+            self.at = now
+
+    def _factor(self, now: float) -> float:
+        return 0.5 ** (max(now - self.at, 0.0) / self.half_life_s) if self.w else 1.0
+
+    def weight(self, now: float) -> float:
+        return self.w * self._factor(now)
+
+    def hinge(self, now: float, prior: Line | None = None) -> Hinge | None:
+        """The best-supported knee and its posterior at ``now``; None without observations
+        (and without ``prior``)."""
+        f = self._factor(now)
+        n = self.w * f
+        if n <= 0 or self.xx[0][0] <= 0:
+            return None if prior is None else Hinge(0.0, prior)
+        best: tuple[float, Hinge] | None = None
+        for j, knee in enumerate(self.knees):
+            above = self.above[j] * f
+            if knee > 0 and (above < MIN_OBSERVATIONS or n - above < MIN_OBSERVATIONS):
+                continue
+            xx = _symmetric([v * f for v in self.xx[j]])
+            xy = (self.xy[j][0] * f, self.xy[j][1] * f, self.xy[j][2] * f)
+            s = xx[0][0]
+            generic = _generic((xx[0][1] / s, xx[0][2] / s), xy[0] / s, KAPPA * self.tokens_per_seq)
+            start = prior if knee == 0 and prior is not None else generic
+            line, rss = _fit(start, n, xx, xy)
+            score = rss / NOISE_SD**2 + math.log(max(n, math.e)) * (3 if knee == 0 else 4)
+            if best is None or score < best[0]:
+                best = (score, Hinge(knee, line))
+        return None if best is None else best[1]
+
+    def predict(self, now: float, batch: float, prior: Line | None = None) -> StepTime | None:
+        if prior is None and self.weight(now) < MIN_OBSERVATIONS:
+            return None
+        hinge = self.hinge(now, prior)
+        return None if hinge is None else hinge.at(batch)
 
 
 # --- 3 x 3 algebra ------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Dependencies point one way: gateway -> policies, backends. policies/ is pure."""
+"""Dependencies point one way: gateway -> policies, backends, and inside gateway/ from the
+HTTP surface down to what it stands on. policies/ is pure."""
 
 from __future__ import annotations
 
@@ -87,3 +88,53 @@ def test_no_import_cycles(package):
 
     for name in sorted(graph):
         visit(name, [])
+
+
+# gateway/'s own layers, top first. A unit (a sub-package, or a module directly under
+# gateway/) imports its own modules and units of lower layers only; the units of the last
+# layer, the foundation, may import each other (test_no_import_cycles keeps them acyclic).
+GATEWAY_LAYERS: list[set[str]] = [
+    {"__main__"},  # the entry point
+    {"cli"},  # nothing but the entry point imports the cli
+    {"demo"},
+    {"replay", "report", "setup"},
+    {"server"},  # the HTTP surface: app, routes, admin API
+    {"lifespan"},  # startup and shutdown as named steps
+    {"pipeline", "lifecycle"},  # the request path; the background work
+    {"services"},  # the container of collaborators
+    {"forward", "state"},  # to and from the pools; what outlives a request
+    {"measure"},  # outcomes, live stats, metrics, traces
+    {
+        "classify",
+        "endpoints",
+        "errors",
+        "gate",
+        "identity",
+        "plotting",
+        "schema",
+        "settings",
+        "tokens",
+    },
+]
+_LAYER = {unit: i for i, layer in enumerate(GATEWAY_LAYERS) for unit in layer}
+
+
+def _unit(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def test_every_gateway_unit_has_a_layer():
+    units = {_unit(name) for name in _module_graph("gateway")} - {"__init__"}
+    assert units <= set(_LAYER), f"put {sorted(units - set(_LAYER))} in GATEWAY_LAYERS"
+
+
+def test_gateway_imports_point_down():
+    bottom = len(GATEWAY_LAYERS) - 1
+    for name, deps in sorted(_module_graph("gateway").items()):
+        src = _unit(name)
+        for dep in sorted(deps):
+            dst = _unit(dep)
+            if dst in (src, "__init__"):
+                continue
+            down = _LAYER[dst] > _LAYER[src] or _LAYER[src] == _LAYER[dst] == bottom
+            assert down, f"{name} imports {dep}: {src} may not import {dst}"

@@ -4,10 +4,14 @@ Each pool has one or more endpoints; each endpoint runs its own continuous-batch
 ``Scheduler`` (the one the HTTP server runs), step after step, while it has work. The caller
 drives time: it submits a request to a pool at a virtual second (the least loaded endpoint
 takes it), asks when the next step ends (``next_event``) and runs that step (``advance``),
-which hands back every request the step finished. So a caller can make each routing
-decision at a request's arrival from the outcomes that finished before it, as a gateway
-does. ``outstanding`` and each request's mean load are what a gateway in front would see:
-requests sent to the endpoint and not yet finished (running or waiting).
+which hands back every request the step finished; ``started`` then lists the requests that
+got their first token in that step (their prefill done: the moment a gateway in front sees
+their stream open). So a caller can make each routing decision at a request's arrival from
+the outcomes that finished before it, as a gateway does. ``outstanding`` and each
+request's mean load are what a gateway in front would see: requests sent to the endpoint
+and not yet finished (running or waiting). Each endpoint runs its ``SimConfig``'s engine
+whole: chunked prefill within ``max_num_batched_tokens``, and outputs merged when the API
+server's ``stream_cost_s`` outruns the step (``backends/sim/engine.py``).
 
 Pure: no I/O, no clock reads, no global random state.
 """
@@ -30,8 +34,10 @@ class Served:
     """One finished request: what a client and a gateway in front of the endpoint saw.
 
     ``load`` is the time-weighted mean of the endpoint's outstanding requests over the
-    request's life (itself included). ``chunks`` counts engine steps that gave it tokens,
-    i.e. SSE content chunks at ``--stream-interval 1``.
+    request's life (itself included). ``chunks`` counts the outputs the API server handed it,
+    i.e. SSE content chunks at ``--stream-interval 1`` (one per engine step that gave it
+    tokens unless outputs merged under load); ``first`` and ``last`` are when the first and
+    the last of them came. ``steps`` counts the engine steps that gave it tokens.
     """
 
     key: int
@@ -47,6 +53,7 @@ class Served:
     done: float = 0.0
     completion_tokens: int = 0
     chunks: int = 0
+    steps: int = 0
     num_spec_steps: int = 0
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
@@ -85,17 +92,13 @@ class Cluster:
                     f"{pool}#{i}",
                     pool,
                     config,
-                    Scheduler(
-                        speculative=config.speculative,
-                        k=config.k,
-                        max_num_seqs=config.max_num_seqs,
-                        cost=config.cost,
-                    ),
+                    Scheduler.for_config(config),
                 )
                 for i, config in enumerate(configs)
             ]
         self._busy: list[tuple[float, int, _Endpoint]] = []
         self._tiebreak = 0
+        self.started: list[Served] = []
 
     @property
     def pools(self) -> Mapping[str, int]:
@@ -148,35 +151,43 @@ class Cluster:
         return self._busy[0][0] if self._busy else None
 
     def advance(self) -> list[Served]:
-        """Run the earliest step to its end; the requests it finished, in endpoint order."""
+        """Run the earliest step to its end; the requests it finished, in endpoint order.
+        ``started`` then holds the requests whose first token that step gave."""
         now, _, endpoint = heapq.heappop(self._busy)
         step, endpoint.step = endpoint.step, None
         assert step is not None
-        finished = []
+        served = endpoint.served
+        self.started = []
         for seq, event in step.events:
-            record = endpoint.served[id(seq)]
             if event.tokens:
-                if record.completion_tokens == 0:
-                    record.first = now
-                record.last = now
-                record.completion_tokens += event.tokens
-                record.chunks += 1
-            if event.finished:
-                finished.append((seq, record))
+                served[id(seq)].completion_tokens += event.tokens
+                served[id(seq)].steps += 1
+        for seq, _ in step.outputs:
+            record = served[id(seq)]
+            if record.chunks == 0:
+                record.first = now
+                self.started.append(record)
+            record.last = now
+            record.chunks += 1
         endpoint.integrate(now)
-        for seq, record in finished:
-            del endpoint.served[id(seq)]
-            tally = seq.tally
-            record.num_spec_steps = tally.num_spec_steps
-            record.num_draft_tokens = tally.num_draft_tokens
-            record.num_accepted_draft_tokens = tally.num_accepted_draft_tokens
-            record.done = now
-            span = now - record.arrival
-            record.load = (endpoint.area - record.area_at_arrival) / span if span > 0 else 1.0
-            endpoint.outstanding -= 1
+        finished = [seq for seq, event in step.events if event.finished]
+        for seq in finished:
+            self._finish(endpoint, seq, now)
         if endpoint.scheduler.has_work():
             self._start(endpoint, now)
-        return [record for _, record in finished]
+        return [served.pop(id(seq)) for seq in finished]
+
+    @staticmethod
+    def _finish(endpoint: _Endpoint, seq: Seq, now: float) -> None:
+        record = endpoint.served[id(seq)]
+        tally = seq.tally
+        record.num_spec_steps = tally.num_spec_steps
+        record.num_draft_tokens = tally.num_draft_tokens
+        record.num_accepted_draft_tokens = tally.num_accepted_draft_tokens
+        record.done = now
+        span = now - record.arrival
+        record.load = (endpoint.area - record.area_at_arrival) / span if span > 0 else 1.0
+        endpoint.outstanding -= 1
 
     def _start(self, endpoint: _Endpoint, at: float) -> None:
         step = endpoint.scheduler.step()

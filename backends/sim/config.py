@@ -10,8 +10,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from backends.sim.dialects import SimEngine
-from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method
+from backends.sim.model import AcceptanceModel, CostModel, DriftPoint, Method, StepCost
 from backends.sim.workload import Workload
+
+# vLLM's --max-num-batched-tokens for its OpenAI server on a card of 70 GiB or more other than
+# an A100 (H100, H200, MI300X: the cards a 32B target fits on alone); 2048 on smaller cards
+# and CPUs (vllm/engine/arg_utils.py, EngineArgs._set_default_args).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# The API server's output processing per request and engine step, in microseconds (see
+# SimConfig): vLLM 0.32's API server process spent a median 208 us of CPU per streamed chat
+# output (148-252 us over 9 rounds) on this project's 2-core machine (bench/RESULTS.md,
+# "Simulator: chunked prefill and merged chunks"; bench/vllm_stream_cost.py).
+DEFAULT_STREAM_COST_US = 200.0
 
 
 class Mode(StrEnum):
@@ -77,6 +87,12 @@ class SimConfig:
     does (the first token and the last chunk always go at once). ``method`` is the proposer
     (``backends/sim/engine.py``); ``max_logprobs`` is vLLM's ``--max-logprobs``.
 
+    ``max_num_batched_tokens`` is vLLM's per-step token budget: decodes first, prefill
+    chunks in what is left, so long prompts are prefilled over several steps.
+    ``stream_cost_s`` is the API server's output processing per request and step: when a
+    step's requests need more of it than the step lasts, each request's consecutive step
+    outputs reach it as one chunk (0 turns merging off; ``backends/sim/engine.py``).
+
     ``engine`` is the server it plays (``backends/sim/dialects.py``): ``vllm-neuron`` reports
     nothing per request and counts no drafts (a fused step); ``sglang`` and ``trtllm``
     answer in their shapes and show their own pages (``backends/sim/engine_pages.py``).
@@ -90,9 +106,11 @@ class SimConfig:
     served_model_names: tuple[str, ...] = ("qwen3-32b",)
     seed: int = 0
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    stream_cost_s: float = DEFAULT_STREAM_COST_US / 1e6
     time_scale: float = 1.0
     zero_latency: bool = False
-    cost: CostModel = field(default_factory=CostModel)
+    cost: StepCost = field(default_factory=CostModel)
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     drift: tuple[DriftPoint, ...] = ()
     faults: Faults = field(default_factory=Faults)
@@ -118,6 +136,19 @@ class SimConfig:
             raise ValueError("max_num_seqs, stream_interval and default_max_tokens must be >= 1")
         if self.time_scale < 0:
             raise ValueError("time_scale must not be negative")
+        if self.stream_cost_s < 0:
+            raise ValueError("stream_cost_s must not be negative")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than "
+                f"or equal to max_num_seqs ({self.max_num_seqs})"
+            )
+        if (
+            self.speculative
+            and self.method is Method.DRAFT_MODEL
+            and self.max_num_batched_tokens < 2
+        ):
+            raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
 
     @property
     def speculative(self) -> bool:

@@ -1,11 +1,26 @@
 """The simulated engine: a continuous-batching scheduler and the loop that runs it in real time.
 
-``Scheduler`` is the step logic and knows nothing of time: each ``step()`` admits waiting
-sequences up to ``max_num_seqs``, prefills them (one token each), advances every other
-running sequence by one decode step (standard: 1 token; speculative: k drafts, accepted + 1
-tokens, cut at the answer's length), and returns the step's cost in model seconds with one
-``StepEvent`` per sequence. ``Engine`` drives it in real time through an injected clock and
-sleep; ``backends/sim/virtual.py`` drives the same scheduler in virtual time.
+``Scheduler`` is the step logic and knows nothing of time. Each ``step()`` schedules as
+vLLM V1 does, within a budget of ``max_num_batched_tokens`` tokens per step: the running
+sequences first, in the order they were admitted (a decoding one takes 1 token plus its
+draft tokens, one still in prefill the rest of its prompt, as much as the budget leaves),
+then waiting ones while budget and ``max_num_seqs`` seats last, each taking as much of its
+prompt as the budget leaves (on a draft-model server every scheduled sequence also takes a
+slot for the draft's input). So a long prompt is prefilled in chunks over several steps,
+sharing them with the decodes, and its first token comes out of the step that finishes its
+prefill. A step's cost prices its prefill-chunk tokens and its verified tokens
+(``CostModel``), and the step returns one ``StepEvent`` per scheduled sequence (a prefill
+chunk that does not finish the prompt gives no token). ``Engine`` drives it in real time
+through an injected clock and sleep; ``backends/sim/cluster.py`` and
+``backends/sim/virtual.py`` drive the same scheduler in virtual time.
+
+Each step also says what the API server hands each request (``Step.outputs``): one output
+per step and request, unless processing them takes longer than the step. With
+``stream_cost_s`` seconds of output processing per request and step, a step of ``n``
+requests with new tokens that lasts ``t`` seconds has merge factor ``ceil(n * cost / t)``:
+a request's consecutive step outputs are held until that many have queued up, then go as
+one (vLLM's ``RequestOutputCollector`` merges the outputs its consumer has not taken yet).
+The first token and the last output always go at once.
 
 Two proposers, as vLLM's ``--speculative-config`` ``method``:
 
@@ -27,13 +42,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from backends.sim.model import CostModel, Method, RequestProfile, sample_accepted
+from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SimConfig
+from backends.sim.model import CostModel, Method, RequestProfile, StepCost, sample_accepted
 
 logger = logging.getLogger(__name__)
 
@@ -132,34 +149,79 @@ class Timestamps:
 
 @dataclass(slots=True, eq=False)
 class Sequence:
-    """One request inside the engine; mutable, owned by the scheduler while it runs."""
+    """One request inside the engine; mutable, owned by the scheduler while it runs.
+
+    ``prefilled`` counts the prompt tokens computed so far; ``steps`` the steps that gave it
+    tokens (the one that finished its prefill and each decode step).
+    """
 
     profile: RequestProfile
     k: int
     sink: Sink | None = None
     emitted: int = 0
+    prefilled: int = 0
     steps: int = 0
     finished: bool = False
     cancelled: bool = False
     tally: SpecTally = field(init=False)
     rng: random.Random = field(init=False)
     times: Timestamps = field(default_factory=lambda: Timestamps())
+    held: StepEvent | None = None  # outputs the API server has not handed over yet
+    held_steps: int = 0
 
     def __post_init__(self) -> None:
         self.tally = SpecTally(self.k)
         self.rng = self.profile.rng("steps")
 
 
+Scheduled = tuple[tuple[Sequence, StepEvent], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One engine step: its cost in model seconds and what each sequence got from it."""
+    """One engine step: its cost in model seconds and what each sequence got from it.
+
+    ``events`` has one entry per scheduled sequence (a prefill chunk that does not finish
+    its prompt: no tokens); ``outputs`` what the API server hands each request after this
+    step, merged per ``merge`` (1: each request's tokens of this step, as they came);
+    ``admitted`` the sequences this step took from the queue; ``prefill_tokens`` the prompt
+    tokens it computed.
+    """
 
     seconds: float
-    events: tuple[tuple[Sequence, StepEvent], ...]
+    events: Scheduled
+    outputs: Scheduled
+    admitted: tuple[Sequence, ...]
+    prefill_tokens: int
+    merge: int
+
+
+def merge_factor(outputs: int, seconds: float, cost_s: float) -> int:
+    """Consecutive step outputs of a request that reach it as one: the steps the API server
+    needs to process one step's ``outputs`` at ``cost_s`` each, at least 1."""
+    if cost_s <= 0 or seconds <= 0:
+        return 1
+    return max(1, math.ceil(outputs * cost_s / seconds - 1e-9))
+
+
+def _joined(held: StepEvent, event: StepEvent) -> StepEvent:
+    return StepEvent(
+        held.start,
+        held.tokens + event.tokens,
+        held.drafted + event.drafted,
+        held.accepted + event.accepted,
+        event.finished,
+    )
 
 
 class Scheduler:
-    """Continuous batching over sequences; pure step logic (see the module docstring)."""
+    """Continuous batching over sequences; pure step logic (see the module docstring).
+
+    ``max_num_batched_tokens`` is vLLM's per-step token budget. On a draft-model server each
+    scheduled sequence also takes one slot of it for the draft model's input, as in vLLM
+    (``draft_slots``). ``stream_cost_s`` is the API server's output processing per request
+    and step (0: every step's output goes at once).
+    """
 
     def __init__(
         self,
@@ -167,19 +229,45 @@ class Scheduler:
         speculative: bool,
         k: int,
         max_num_seqs: int,
-        cost: CostModel | None = None,
+        cost: StepCost | None = None,
         method: Method = Method.DRAFT_MODEL,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        stream_cost_s: float = 0.0,
     ) -> None:
         self.speculative = speculative
         self.k = k
         self.method = method
         self.max_num_seqs = max_num_seqs
-        self.cost = cost or CostModel()
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.stream_cost_s = stream_cost_s
+        if max_num_batched_tokens <= 1:
+            raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
+        self.cost: StepCost = cost or CostModel()
         self.counters = EngineCounters(k)
         # told of every step and its prefill tokens (engines' iteration stats are built on it)
         self.on_step: Callable[[Step, int], None] | None = None
         self._running: list[Sequence] = []
         self._waiting: deque[Sequence] = deque()
+        self._holding = 0  # sequences with outputs held back
+
+    @classmethod
+    def for_config(cls, config: SimConfig) -> Scheduler:
+        """The scheduler of a simulated server with these settings."""
+        return cls(
+            speculative=config.speculative,
+            k=config.k,
+            max_num_seqs=config.max_num_seqs,
+            cost=config.cost,
+            method=config.method,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            stream_cost_s=config.stream_cost_s,
+        )
+
+    @property
+    def draft_slots(self) -> int:
+        """Budget each scheduled sequence takes beside its own tokens: 1 for a draft model's
+        input, none for an n-gram lookup or a standard server."""
+        return int(self.speculative and self.method is Method.DRAFT_MODEL)
 
     @property
     def num_running(self) -> int:
@@ -198,31 +286,55 @@ class Scheduler:
     def cancel(self, seq: Sequence) -> None:
         """Drop a sequence wherever it is (client went away); no-op once it finished."""
         seq.cancelled = True
+        if seq.held is not None:
+            self._holding -= 1
+            seq.held = None
         if seq in self._running:
             self._running.remove(seq)
         elif seq in self._waiting:
             self._waiting.remove(seq)
 
-    def advance(self, seq: Sequence) -> StepEvent:
-        """One step of one sequence: prefill (first token) or one decode step."""
-        start = seq.emitted
-        counters = self.counters
+    def advance(self, seq: Sequence, budget: int | None = None) -> tuple[StepEvent, int]:
+        """One step of one sequence within ``budget`` tokens (None: no limit): a chunk of its
+        prompt (the first token once the prompt is done) or one decode step. Returns the
+        event and the tokens it took from the budget."""
+        if seq.emitted == 0:
+            return self._prefill(seq, budget)
         drafted = accepted = 0
-        if start == 0:
-            tokens = 1
-            counters.prompt_tokens += seq.profile.prompt_tokens
-        elif self.speculative and (drafted := self._draft_length(seq)):
-            accepted = sample_accepted(seq.rng, seq.profile.draft_acceptance(self.method), drafted)
-            tokens = min(accepted + 1, seq.profile.output_tokens - start)
-            seq.tally.add(drafted, accepted)
-            counters.count_spec(drafted, accepted)
-        else:
-            tokens = 1
-        counters.generation_tokens += tokens
-        seq.emitted += tokens
+        if self.speculative:
+            drafted = self._draft_length(seq)
+            if budget is not None and drafted >= budget:
+                drafted = budget - 1
+            if drafted:
+                a = seq.profile.draft_acceptance(self.method)
+                accepted = sample_accepted(seq.rng, a, drafted)
+                seq.tally.add(drafted, accepted)
+                self.counters.count_spec(drafted, accepted)
+        return self._emit(seq, accepted + 1, drafted, accepted), 1 + drafted
+
+    def _prefill(self, seq: Sequence, budget: int | None) -> tuple[StepEvent, int]:
+        prompt = seq.profile.prompt_tokens
+        chunk = prompt - seq.prefilled
+        if budget is not None:
+            chunk = min(chunk, budget)
+        seq.prefilled += chunk
+        if seq.prefilled < prompt:
+            return StepEvent(0, 0, 0, 0, False), chunk
+        self.counters.prompt_tokens += prompt
+        return self._emit(seq, 1, 0, 0), chunk
+
+    def _emit(self, seq: Sequence, tokens: int, drafted: int, accepted: int) -> StepEvent:
+        """``tokens`` more of ``seq``'s answer, cut at its length."""
+        start = seq.emitted
+        left = seq.profile.output_tokens - start
+        finished = tokens >= left
+        if finished:
+            tokens = left
+        self.counters.generation_tokens += tokens
+        seq.emitted = start + tokens
         seq.steps += 1
-        seq.finished = seq.emitted >= seq.profile.output_tokens
-        return StepEvent(start, tokens, drafted, accepted, seq.finished)
+        seq.finished = finished
+        return StepEvent(start, tokens, drafted, accepted, finished)
 
     def _draft_length(self, seq: Sequence) -> int:
         """Draft tokens proposed for this step of ``seq`` (0: nothing to propose)."""
@@ -232,37 +344,93 @@ class Scheduler:
             return 0
         return min(self.k, seq.rng.randint(1, _NGRAM_SPAN * self.k))
 
-    def step(self) -> Step:
-        """Admit, advance every running sequence once, and price the step."""
-        decoding = len(self._running)
-        prefill_tokens = 0
-        while self._waiting and len(self._running) < self.max_num_seqs:
+    def _schedule(self) -> tuple[list[tuple[Sequence, StepEvent]], list[Sequence], int]:
+        """Run the running sequences, then admit waiting ones, within the token budget;
+        the events, the admitted sequences and the prompt tokens computed."""
+        budget, slots = self.max_num_batched_tokens, self.draft_slots
+        events: list[tuple[Sequence, StepEvent]] = []
+        prefill = 0
+        for seq in self._running:
+            if budget <= slots:
+                break
+            in_prefill = seq.emitted == 0
+            event, used = self.advance(seq, budget - slots)
+            prefill += used if in_prefill else 0
+            budget -= used + slots
+            events.append((seq, event))
+        admitted = []
+        while self._waiting and budget > slots and len(self._running) < self.max_num_seqs:
             seq = self._waiting.popleft()
-            prefill_tokens += seq.profile.prompt_tokens
             self._running.append(seq)
-        events = tuple((seq, self.advance(seq)) for seq in self._running)
+            admitted.append(seq)
+            event, used = self.advance(seq, budget - slots)
+            prefill += used
+            budget -= used + slots
+            events.append((seq, event))
+        return events, admitted, prefill
+
+    def step(self) -> Step:
+        """Schedule one step within the budget, advance what it scheduled, and price it."""
+        scheduled, admitted, prefill_tokens = self._schedule()
+        events = tuple(scheduled)
         self._running = [seq for seq in self._running if not seq.finished]
         self.counters.steps += 1
-        # The target verifies each decoding sequence's token plus its drafts; a draft model
-        # runs k passes over the batch, an n-gram lookup costs next to nothing.
-        verified = sum(1 + e.drafted for _, e in events if e.start > 0)
-        drafting = self.speculative and self.method is Method.DRAFT_MODEL and decoding > 0
+        # The target verifies each decoding sequence's token plus its drafts, and (on a GPU)
+        # reads what each has cached; a draft model runs k passes over the sequences it
+        # drafted for, an n-gram lookup costs next to nothing.
+        verified = drafting = with_tokens = decoders = context = 0
+        for seq, e in events:
+            with_tokens += e.tokens > 0
+            if e.start:
+                verified += 1 + e.drafted
+                drafting += e.drafted > 0
+                decoders += 1
+                context += seq.profile.prompt_tokens + e.start
+        if not self.draft_slots:
+            drafting = 0
         seconds = self.cost.step_seconds(
             verified_tokens=verified,
             prefill_tokens=prefill_tokens,
             draft_passes=self.k if drafting else 0,
-            drafting_seqs=decoding if drafting else 0,
+            drafting_seqs=drafting,
+            context_tokens=context,
+            seqs=decoders,
         )
-        step = Step(seconds, events)
+        merge = merge_factor(with_tokens, seconds, self.stream_cost_s)
+        if merge == 1 and not self._holding and with_tokens == len(events):
+            outputs = events  # the usual case: every request gets its step's tokens at once
+        else:
+            outputs = self._deliver(events, merge)
+        step = Step(seconds, events, outputs, tuple(admitted), prefill_tokens, merge)
         if self.on_step is not None:
             self.on_step(step, prefill_tokens)
         return step
+
+    def _deliver(self, events: Scheduled, merge: int) -> Scheduled:
+        """What each request receives after a step whose merge factor is ``merge``: its first
+        token and its last output at once, other outputs held until ``merge`` steps' worth
+        have queued up (the holding state lives on each ``Sequence``)."""
+        out = []
+        for seq, event in events:
+            if not event.tokens:
+                continue
+            held = seq.held
+            joined = event if held is None else _joined(held, event)
+            seq.held_steps += 1
+            if event.start == 0 or event.finished or seq.held_steps >= merge:
+                self._holding -= held is not None
+                seq.held, seq.held_steps = None, 0
+                out.append((seq, joined))
+            else:
+                self._holding += held is None
+                seq.held = joined
+        return tuple(out)
 
     def run_alone(self, seq: Sequence) -> list[StepEvent]:
         """Every step of one sequence at once, outside the batch (zero-latency mode)."""
         events = []
         while not seq.finished:
-            events.append(self.advance(seq))
+            events.append(self.advance(seq)[0])
         return events
 
 
@@ -273,8 +441,9 @@ Sleep = Callable[[float], Awaitable[None]]
 class Engine:
     """Runs a ``Scheduler`` in real time: one step, then sleep for its scaled cost, then deliver.
 
-    Tokens become visible when their step ends, so each sequence's tokens of one step reach
-    its sink as one event. The loop task exists only while there is work.
+    Tokens become visible when their step ends: each of the step's ``outputs`` (a request's
+    tokens of this step, or of the last few when outputs merge) reaches its sink as one
+    event. The loop task exists only while there is work.
     """
 
     def __init__(
@@ -313,9 +482,13 @@ class Engine:
                 deadline -= delay
             await self._sleep(max(delay, 0.0))
             ended = self._clock()
+            for seq in step.admitted:
+                seq.times.scheduled = began
             for seq, event in step.events:
-                if event.start == 0:
-                    seq.times.scheduled, seq.times.first_token = began, ended
-                seq.times.last_token = ended
+                if event.tokens:
+                    if event.start == 0:
+                        seq.times.first_token = ended
+                    seq.times.last_token = ended
+            for seq, event in step.outputs:
                 if seq.sink is not None and not seq.cancelled:
                     seq.sink(event)

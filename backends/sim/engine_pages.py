@@ -138,17 +138,20 @@ def sglang_families(
     return out
 
 
-def sglang_server_info(verify_steps: int, accepted: int, model: str, k: int) -> dict[str, Any]:
-    """``GET /server_info``: a few server arguments and the mean since start."""
+def sglang_server_info(
+    verify_steps: int, accepted: int, model: str, k: int | None
+) -> dict[str, Any]:
+    """``GET /server_info``: a few server arguments and the mean since start (``k`` None: a
+    server that does not speculate, whose speculative arguments are null)."""
     state: dict[str, Any] = {"last_gen_throughput": 0.0, "load": 0}
     if verify_steps:
         state["avg_spec_accept_length"] = (accepted + verify_steps) / verify_steps
     return {
         "model_path": model,
         "served_model_name": model,
-        "speculative_algorithm": "EAGLE",
+        "speculative_algorithm": "EAGLE" if k is not None else None,
         "speculative_num_steps": k,
-        "speculative_num_draft_tokens": k + 1,
+        "speculative_num_draft_tokens": k + 1 if k is not None else None,
         "stream_interval": 1,
         "dp_size": 1,
         "internal_states": [state],

@@ -19,6 +19,37 @@ grows k+1 times faster with the batch than standard decoding does: at batch 1 sp
 wins (2.6x at a=0.9, k=4) or loses a little at creative acceptance (0.89x at a=0.28), and at
 64-128 running sequences it loses even at good acceptance (the SmartSpec/TurboSpec effect).
 
+Measured on one H200 (``bench/RESULTS.md``, "Real hardware"), the affine model holds at
+batch 1 and not above it. Its floor is a 32B target's (24.3 ms a plain step at batch 1 and
+2k context) and its draft-to-target ratio (2.7 / 25 ms) a 1B draft's on it (2.7 / 24.3 ms),
+so a k=4 step costs 1.55x a plain one at batch 1 as measured (1.48-1.59x), and k=4
+speculation gains 1.79x / 2.39x at a = 0.7 / 0.85 where the measured step times give 1.84x /
+2.46x. Its slope is several times too steep: a token costs the 32B target 0.05 ms while the
+step is memory-bound (up to ~180 tokens) and 0.11 ms past that, not 0.8 ms, so the k=4 step
+costs 1.7x a plain one at batch 32 (the model: 3.4x) and 2.6-3.0x at 128 (4.5x); speculation
+stops paying at a far larger batch than this model says.
+
+The GPU-shaped model (``GpuCostModel``, ``speclane sim --cost-model gpu``): a step reads the
+weights once whatever it computes (a floor), each token adds a little while the step is
+memory-bound and more once its tokens pass a knee and compute dominates, and attention reads
+each running sequence's KV cache once, shared by the k+1 tokens it verifies, at no better
+than the rate of ``kv_min_seqs`` sequences (one sequence's attention leaves most of the GPU
+idle)::
+
+    target = floor + low * min(T, knee) + per_token * max(0, T - knee)
+             + kv * context_tokens * max(1, kv_min_seqs / seqs)        T = verified + prefill
+    draft  = draft_passes * (the same form, T = the drafting sequences)
+
+Its defaults are fitted to an 8B target (Llama-3-8B's shape) and a 1B draft (Llama-3.2-1B's)
+measured on one H200 by ``bench/gpu/steptime.py`` (``GPU_H200`` names the run; ``GPU_32B`` is
+the same card's 32B target): within 8% of every measured step (median 1.7%), and at batch 1
+within 7% of the measured speed-ups, reading high by the plain step's miss there. On it a
+verified token is nearly free at batch 1 (k=4 verification 1.08x a plain step) but a 1B
+draft's pass is not (0.32 of the 8B step): at batch 1 and a = 0.7 / 0.85 k=4 speculation
+gains 2.6x / 3.4x with drafts that cost nothing (n-gram; EAGLE-like heads lie between), and
+1.2x / 1.6x with the 1B draft model (1.8x / 2.5x on the 32B target). ``from_summary`` reads
+another card's fit (``--cost-model gpu:SUMMARY.json``).
+
 Pure: no I/O, no clock reads, no global random state (the caller passes every
 ``random.Random``).
 """
@@ -26,11 +57,13 @@ Pure: no I/O, no clock reads, no global random state (the caller passes every
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Protocol
 
 from backends.sim.workload import (
     LONG_CONTEXT_TOKENS,
@@ -140,9 +173,31 @@ class AcceptanceModel:
         return min(max(base * temp_factor * ctx_factor, 0.0), MAX_ACCEPTANCE)
 
 
+class StepCost(Protocol):
+    """Seconds per engine step: ``CostModel`` (affine) or ``GpuCostModel``."""
+
+    def step_seconds(
+        self,
+        *,
+        verified_tokens: int,
+        prefill_tokens: int,
+        draft_passes: int,
+        drafting_seqs: int,
+        context_tokens: int = 0,
+        seqs: int = 0,
+    ) -> float: ...
+
+    def decode_step_seconds(
+        self, *, batch: float, k: int, speculative: bool, context: float = 0.0
+    ) -> float: ...
+
+    def speedup(self, a: float, k: int, batch: float = 1, context: float = 0.0) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Seconds per engine step (module docstring has the formula and why these numbers)."""
+    """Seconds per engine step (module docstring has the formula and why these numbers).
+    Affine in the tokens verified: the context a sequence has cached costs nothing."""
 
     target_fixed_s: float = 0.025
     target_per_token_s: float = 0.0008
@@ -151,7 +206,14 @@ class CostModel:
     draft_per_seq_s: float = 0.00005
 
     def step_seconds(
-        self, *, verified_tokens: int, prefill_tokens: int, draft_passes: int, drafting_seqs: int
+        self,
+        *,
+        verified_tokens: int,
+        prefill_tokens: int,
+        draft_passes: int,
+        drafting_seqs: int,
+        context_tokens: int = 0,
+        seqs: int = 0,
     ) -> float:
         target = (
             self.target_fixed_s
@@ -161,21 +223,192 @@ class CostModel:
         draft = draft_passes * (self.draft_fixed_s + self.draft_per_seq_s * drafting_seqs)
         return target + draft
 
-    def decode_step_seconds(self, *, batch: int, k: int, speculative: bool) -> float:
+    def decode_step_seconds(
+        self, *, batch: float, k: int, speculative: bool, context: float = 0.0
+    ) -> float:
         """One steady-state decode step of ``batch`` sequences (no prefill in it)."""
+        target = self.target_fixed_s + self.target_per_token_s * batch * (
+            k + 1 if speculative else 1
+        )
         if not speculative:
-            return self.step_seconds(
-                verified_tokens=batch, prefill_tokens=0, draft_passes=0, drafting_seqs=0
-            )
-        return self.step_seconds(
-            verified_tokens=batch * (k + 1), prefill_tokens=0, draft_passes=k, drafting_seqs=batch
+            return target
+        return target + k * (self.draft_fixed_s + self.draft_per_seq_s * batch)
+
+    def speedup(self, a: float, k: int, batch: float = 1, context: float = 0.0) -> float:
+        """Analytic decode speed-up per output token of speculation over standard decoding."""
+        return _speedup(self, a, k, batch, context)
+
+
+# Where the built-in GPU numbers come from: bench/gpu/steptime.py's run on one card, its raw
+# output committed in bench/gpu/results/h200-8b-32b/, the fit reproduced by
+# ``python3 bench/gpu/steptime.py --analyse bench/gpu/results/h200-8b-32b/steptime.csv
+# --shape 8b,32b`` (tests/backends/sim/test_sim_gpu_calibration.py holds both to it).
+GPU_H200 = (
+    "measured: one NVIDIA H200 (141 GB, driver 580.159.04), torch 2.11.0+cu130, transformers "
+    "5.17.0, CUDA 13.0; Llama-3-8B-shaped target, Llama-3.2-1B-shaped draft, random bf16 "
+    "weights, CUDA graphs, PyTorch SDPA attention; `python3 bench/gpu/steptime.py --out OUT "
+    "--budget-s 330 --shape 8b,32b` (bench/gpu/results/h200-8b-32b)"
+)
+
+_GPU_FIELDS = (
+    "floor_s",
+    "low_per_token_s",
+    "per_token_s",
+    "knee_tokens",
+    "kv_per_token_s",
+    "kv_min_seqs",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCostModel:
+    """Seconds per engine step on a GPU (module docstring): a memory floor, a slope per token
+    while memory-bound and a steeper one past a knee, and KV reads per cached token at the
+    rate of at least ``kv_min_seqs`` sequences. The defaults are the fit to an 8B target and
+    its 1B draft measured on one H200 (``source``: ``GPU_H200``); ``from_summary`` reads
+    another card's fit, ``GPU_32B`` is the same card's 32B target."""
+
+    floor_s: float = 0.00749
+    low_per_token_s: float = 1.57e-5
+    per_token_s: float = 2.93e-5
+    knee_tokens: float = 230.0
+    kv_per_token_s: float = 4.45e-8
+    kv_min_seqs: float = 15.5
+    draft_floor_s: float = 0.00229
+    draft_low_per_token_s: float = 0.0
+    draft_per_token_s: float = 6.40e-6
+    draft_knee_tokens: float = 0.0
+    draft_kv_per_token_s: float = 1.55e-8
+    draft_kv_min_seqs: float = 15.25
+    source: str = GPU_H200
+
+    def __post_init__(self) -> None:
+        for name in (*_GPU_FIELDS, *(f"draft_{f}" for f in _GPU_FIELDS)):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"GPU cost model: {name} must be a number >= 0, got {value!r}")
+
+    def target_seconds(self, tokens: float, context_tokens: float, seqs: float = 0.0) -> float:
+        """One target forward of ``tokens`` new tokens over ``seqs`` sequences (0: unknown,
+        the cache read at its full rate) holding ``context_tokens`` between them."""
+        return _gpu_seconds(
+            tokens,
+            context_tokens,
+            seqs,
+            (self.floor_s, self.low_per_token_s, self.per_token_s, self.knee_tokens),
+            (self.kv_per_token_s, self.kv_min_seqs),
         )
 
-    def speedup(self, a: float, k: int, batch: int = 1) -> float:
-        """Analytic decode speed-up per output token of speculation over standard decoding."""
-        spec = self.decode_step_seconds(batch=batch, k=k, speculative=True)
-        std = self.decode_step_seconds(batch=batch, k=k, speculative=False)
-        return expected_tokens_per_step(a, k) * std / spec
+    def draft_seconds(self, seqs: float, context_tokens: float) -> float:
+        """One draft pass: one token for each of ``seqs`` sequences."""
+        return _gpu_seconds(
+            seqs,
+            context_tokens,
+            seqs,
+            (
+                self.draft_floor_s,
+                self.draft_low_per_token_s,
+                self.draft_per_token_s,
+                self.draft_knee_tokens,
+            ),
+            (self.draft_kv_per_token_s, self.draft_kv_min_seqs),
+        )
+
+    def step_seconds(
+        self,
+        *,
+        verified_tokens: int,
+        prefill_tokens: int,
+        draft_passes: int,
+        drafting_seqs: int,
+        context_tokens: int = 0,
+        seqs: int = 0,
+    ) -> float:
+        """Prefill tokens share the step's matrix products with the verified ones (their own
+        attention is left out); ``seqs`` decoding sequences hold ``context_tokens``; a draft
+        pass reads the drafting sequences' contexts."""
+        target = self.target_seconds(verified_tokens + prefill_tokens, context_tokens, seqs)
+        if not draft_passes:
+            return target
+        return target + draft_passes * self.draft_seconds(drafting_seqs, context_tokens)
+
+    def decode_step_seconds(
+        self, *, batch: float, k: int, speculative: bool, context: float = 0.0
+    ) -> float:
+        """One steady-state decode step of ``batch`` sequences of ``context`` cached tokens."""
+        tokens = batch * (k + 1 if speculative else 1)
+        target = self.target_seconds(tokens, batch * context, batch)
+        if not speculative:
+            return target
+        return target + k * self.draft_seconds(batch, batch * context)
+
+    def speedup(self, a: float, k: int, batch: float = 1, context: float = 0.0) -> float:
+        return _speedup(self, a, k, batch, context)
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, object]) -> GpuCostModel:
+        """The parameters ``bench/gpu/steptime.py`` fitted (its ``summary.json``, or that
+        file's ``cost_model`` object); a part it has no fit for keeps the built-in one. A
+        fit of the older four-parameter form (no ``low_per_token_s``, no ``kv_min_seqs``)
+        reads as a flat floor and the cache at its full rate."""
+        fitted = summary.get("cost_model", summary)
+        if not isinstance(fitted, Mapping) or not isinstance(fitted.get("target"), Mapping):
+            raise ValueError("GPU cost model: no fitted 'target' in the summary")
+        values: dict[str, object] = {}
+        for part, prefix in (("target", ""), ("draft", "draft_")):
+            given = fitted.get(part)
+            if not isinstance(given, Mapping):
+                continue
+            for key in ("floor_s", "per_token_s", "knee_tokens", "kv_per_token_s"):
+                if key not in given:
+                    raise ValueError(f"GPU cost model: {part} has no {key}")
+            for key in _GPU_FIELDS:
+                values[prefix + key] = given.get(key, 0.0)
+        source = fitted.get("source")
+        values["source"] = str(source) if source else "measured (no source given)"
+        if not isinstance(fitted.get("draft"), Mapping):
+            values["source"] = f"{values['source']}; draft: the built-in fit ({GPU_H200})"
+        return cls(**values)  # type: ignore[arg-type]
+
+
+# The same card's 32B target (Qwen2.5-32B's dimensions) with the same 1B draft.
+GPU_32B = GpuCostModel(
+    floor_s=0.0228,
+    low_per_token_s=5.32e-5,
+    per_token_s=1.143e-4,
+    knee_tokens=177.0,
+    kv_per_token_s=8.87e-8,
+    kv_min_seqs=15.75,
+    source=GPU_H200.replace("Llama-3-8B-shaped target", "Qwen2.5-32B-shaped target"),
+)
+
+
+def _gpu_seconds(
+    tokens: float,
+    context_tokens: float,
+    seqs: float,
+    line: tuple[float, float, float, float],
+    kv: tuple[float, float],
+) -> float:
+    """floor + low * min(tokens, knee) + per_token * max(0, tokens - knee) + the cache read:
+    below ``kv_min_seqs`` sequences attention does not fill the GPU, and the cache costs what
+    ``kv_min_seqs`` sequences of the same context would."""
+    floor, low, per_token, knee = line
+    kv_per_token, min_seqs = kv
+    if 0 < seqs < min_seqs:
+        context_tokens *= min_seqs / seqs
+    return (
+        floor
+        + low * min(tokens, knee)
+        + per_token * max(0.0, tokens - knee)
+        + kv_per_token * context_tokens
+    )
+
+
+def _speedup(cost: StepCost, a: float, k: int, batch: float, context: float) -> float:
+    spec = cost.decode_step_seconds(batch=batch, k=k, speculative=True, context=context)
+    std = cost.decode_step_seconds(batch=batch, k=k, speculative=False, context=context)
+    return expected_tokens_per_step(a, k) * std / spec
 
 
 @dataclass(frozen=True, slots=True)

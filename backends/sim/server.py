@@ -1,8 +1,10 @@
 """The simulated vLLM as a Starlette app: ``create_app(config)`` and ``serve(config, host, port)``.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``serving.SimServer``),
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM names, app-owned registry), and the
-simulator's own ``GET /sim/state`` / ``POST /sim/control`` for tests and the demo::
+``GET /v1/models`` (each engine's ``owned_by``), ``GET /health``, ``GET /metrics`` (vLLM names,
+app-owned registry), ``GET /version`` (vLLM-shaped engines), ``GET /server_info`` (SGLang),
+``GET /prometheus/metrics`` (TensorRT-LLM), and the simulator's own ``GET /sim/state`` /
+``POST /sim/control`` for tests and the demo::
 
     {"acceptance": {"code": 0.1, "json": null},   # set / clear a workload's base now
      "faults": {"error_rate": 0.2, "overloaded": false}}   # any Faults field
@@ -45,6 +47,16 @@ from backends.sim.serving import SimServer
 from backends.sim.validation import SimHTTPError, bad_request
 from backends.sim.workload import Workload
 
+# Who a model card says owns the model (each engine's own ModelCard default), and the vLLM
+# version ``GET /version`` names (vllm-neuron runs under vLLM 0.11).
+_OWNERS = {
+    SimEngine.VLLM: "vllm",
+    SimEngine.VLLM_NEURON: "vllm",
+    SimEngine.SGLANG: "sglang",
+    SimEngine.TRTLLM: "tensorrt_llm",
+}
+_VERSIONS = {SimEngine.VLLM: "0.32.0", SimEngine.VLLM_NEURON: "0.11.0"}
+
 
 def _json(value: object, status: int = 200) -> Response:
     return Response(orjson.dumps(value), status, media_type="application/json")
@@ -71,7 +83,7 @@ class _Admin:
                 "id": name,
                 "object": "model",
                 "created": created,
-                "owned_by": "vllm",
+                "owned_by": _OWNERS[config.engine],
                 "root": f"{config.served_model_names[0]}/target",
                 "parent": None,
                 "max_model_len": config.max_model_len,
@@ -97,7 +109,11 @@ class _Admin:
         config, counters = self._sim.config, self._sim.scheduler.counters
         model = config.served_model_names[0]
         steps, accepted = counters.num_drafts, counters.num_accepted_tokens
-        return _json(sglang_server_info(steps, accepted, model, config.k))
+        k = config.k if config.speculative else None
+        return _json(sglang_server_info(steps, accepted, model, k))
+
+    async def version(self, request: Request) -> Response:
+        return _json({"version": _VERSIONS[self._sim.config.engine]})
 
     def _sglang(self) -> list[Metric]:
         scheduler = self._sim.scheduler
@@ -247,6 +263,8 @@ def create_app(
         routes.append(Route("/prometheus/metrics", admin.prometheus, methods=["GET"]))
     if config.engine is SimEngine.SGLANG:
         routes.append(Route("/server_info", admin.server_info, methods=["GET"]))
+    if config.engine.vllm_shaped:
+        routes.append(Route("/version", admin.version, methods=["GET"]))
     return Starlette(routes=routes, lifespan=lifespan)
 
 

@@ -87,13 +87,7 @@ class SimServer:
 
     def __init__(self, config: SimConfig, *, clock: Clock, sleep: Sleep, wall_clock: Clock) -> None:
         self.config = config
-        self.scheduler = Scheduler(
-            speculative=config.speculative,
-            k=config.k,
-            max_num_seqs=config.max_num_seqs,
-            cost=config.cost,
-            method=config.method,
-        )
+        self.scheduler = Scheduler.for_config(config)
         self.engine = Engine(self.scheduler, time_scale=config.time_scale, clock=clock, sleep=sleep)
         self.iterations: deque[Iteration] = deque(maxlen=ITERATION_QUEUE)
         self.recent: deque[Iteration] = deque(maxlen=LOG_INTERVAL)

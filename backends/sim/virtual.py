@@ -28,7 +28,9 @@ class TimedRequest:
 
 @dataclass(frozen=True, slots=True)
 class RequestResult:
-    """What one request saw. ``token_times`` holds the time each token became visible."""
+    """What one request saw. ``token_times`` holds the time each token became visible (when
+    the API server handed it over: merged outputs make several steps' tokens visible at
+    once); ``steps`` the engine steps that gave it tokens."""
 
     index: int
     workload: Workload
@@ -76,13 +78,7 @@ def _max_tokens(body: Mapping[str, object], default: int) -> int:
 def simulate(requests: Iterable[TimedRequest], config: SimConfig) -> list[RequestResult]:
     """Run every request to completion; results come back in the input's order."""
     pending = sorted(enumerate(requests), key=lambda item: (item[1].at, item[0]))
-    scheduler = Scheduler(
-        speculative=config.speculative,
-        k=config.k,
-        max_num_seqs=config.max_num_seqs,
-        cost=config.cost,
-        method=config.method,
-    )
+    scheduler = Scheduler.for_config(config)
     seqs: dict[int, tuple[float, Sequence]] = {}
     times: dict[int, list[float]] = {}
     order: dict[int, int] = {}
@@ -102,7 +98,7 @@ def simulate(requests: Iterable[TimedRequest], config: SimConfig) -> list[Reques
             cursor += 1
         step = scheduler.step()
         now += step.seconds
-        for seq, event in step.events:
+        for seq, event in step.outputs:
             times[order[id(seq)]].extend([now] * event.tokens)
     return [_result(i, *seqs[i], times[i]) for i in sorted(seqs)]
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from backends.sim.cli import COST_MODEL_HELP, cost_model_arg
 from gateway.demo.options import Options
 
 _HELP = "run the gateway against simulated speculative and standard pools, and report"
@@ -31,6 +32,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add("--keep", action="store_true", help="leave the stack running and print its URLs")
     add("--json", type=Path, help="also write the summary as JSON to this file")
+    add("--cost-model", default="affine", help=COST_MODEL_HELP)
     parser.set_defaults(run=run)
     return parser
 
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         keep=args.keep,
         json=args.json,
+        cost_model=args.cost_model,
     )
     problem = _check(options)
     if problem:
@@ -61,4 +64,8 @@ def _check(options: Options) -> str | None:
         return "--concurrency must be at least 1"
     if options.time_scale <= 0:
         return "--time-scale must be positive"
+    try:
+        cost_model_arg(options.cost_model)
+    except argparse.ArgumentTypeError as exc:
+        return f"--cost-model {exc}"
     return None

@@ -8,8 +8,10 @@ from typing import Any
 
 import httpx
 import orjson
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from gateway.cli.output import console
 
 _GATEWAY = "http://127.0.0.1:8080"
 
@@ -114,8 +116,12 @@ def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> di
     return body
 
 
-def _table(flags: list[dict[str, Any]]) -> Table:
-    table = Table("flag", "enabled", "rollout", "tenants", "source", "rules")
+COLUMNS = ("flag", "enabled", "rollout", "tenants", "source", "rules")
+
+
+def _rows(flags: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per flag, the fields of ``COLUMNS``, for the table and the piped lines alike."""
+    rows = []
     for flag in flags:
         tenants = flag["tenants"]
         who = []
@@ -123,29 +129,35 @@ def _table(flags: list[dict[str, Any]]) -> Table:
             who.append("allow " + ",".join(tenants["allow"]))
         if tenants["deny"]:
             who.append("deny " + ",".join(tenants["deny"]))
-        table.add_row(
-            flag["name"],
-            "on" if flag["enabled"] else "[red]off[/red]",
-            "-" if flag["rollout"] is None else f"{flag['rollout']:g}%",
-            "; ".join(who) or "all",
-            flag["source"],
-            ", ".join(flag["rules"]),
+        rows.append(
+            [
+                flag["name"],
+                "on" if flag["enabled"] else "off",
+                "-" if flag["rollout"] is None else f"{flag['rollout']:g}%",
+                "; ".join(who) or "all",
+                flag["source"],
+                ",".join(flag["rules"]) or "-",
+            ]
         )
+    return rows
+
+
+def _table(flags: list[dict[str, Any]]) -> Table:
+    table = Table(*COLUMNS)
+    for row in _rows(flags):
+        enabled = "on" if row[1] == "on" else "[red]off[/red]"
+        table.add_row(escape(row[0]), enabled, *(escape(field) for field in row[2:]))
     return table
 
 
 def _show(flags: list[dict[str, Any]]) -> None:
-    """A table on a terminal; tab-separated lines, never truncated, when piped."""
+    """A table on a terminal; piped, the same columns as tab-separated lines under a header
+    line, never truncated."""
     if sys.stdout.isatty():
-        Console().print(_table(flags))
+        console().print(_table(flags))
         return
-    for flag in flags:
-        tenants = flag["tenants"]
-        allow = "*" if tenants["allow"] is None else ",".join(tenants["allow"])
-        rollout = "-" if flag["rollout"] is None else f"{flag['rollout']:g}"
-        fields = [flag["name"], "on" if flag["enabled"] else "off", rollout, allow]
-        fields += [",".join(tenants["deny"]) or "-", flag["source"], ",".join(flag["rules"]) or "-"]
-        sys.stdout.write("\t".join(fields) + "\n")
+    for row in [list(COLUMNS), *_rows(flags)]:
+        sys.stdout.write("\t".join(row) + "\n")
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -189,5 +201,5 @@ def _delete(args: argparse.Namespace) -> int:
     body = _call(args, "DELETE", f"/admin/flags/{args.name}", params={"reason": args.reason})
     if body is None:
         return 1
-    Console().print(f"{args.name}: back to the policy's default")
+    console().print(f"{args.name}: back to the policy's default")
     return 0

@@ -1,7 +1,7 @@
 """``speclane policy``: lint policy files, explain a decision, print the JSON Schema.
 
     speclane policy lint FILE... [--strict]
-    speclane policy explain FILE REQUEST.json [--endpoint PATH] [--header K=V]... [--json]
+    speclane policy explain FILE REQUEST.json [--endpoint NAME|PATH] [--header K=V]... [--json]
     speclane policy explain FILE --features K=V... [--flag NAME=on|off]... [--json]
     speclane policy schema
     speclane policy hash-key < key.txt
@@ -21,11 +21,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from gateway import endpoints
 from gateway.identity import key_hash
 from gateway.state.policyfile import load_policy_file, read_policy_file
 from policies.compiled import CompiledPolicy
 from policies.explain import Explanation, explain, feature_rows
-from policies.features import Endpoint, Features, ResponseFormat
+from policies.features import Features, ResponseFormat
 from policies.flags import FlagValue, merged
 from policies.lint import lint
 from policies.problems import PolicyError, did_you_mean
@@ -48,7 +49,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     why.add_argument("file", type=Path, metavar="FILE")
     why.add_argument("request", type=Path, nargs="?", metavar="REQUEST.json")
     why.add_argument("--features", nargs="+", default=[], metavar="K=V", help="set features")
-    why.add_argument("--endpoint", default=Endpoint.CHAT.value, choices=[e.value for e in Endpoint])
+    why.add_argument(
+        "--endpoint",
+        default="chat",
+        choices=endpoints.CHOICES,
+        help="the API the request came in on: a short name or its path (default: chat)",
+    )
     why.add_argument("--header", action="append", default=[], metavar="K=V")
     why.add_argument("--flag", action="append", default=[], metavar="NAME=on|off")
     why.add_argument("--json", action="store_true", help="machine-readable output")
@@ -120,22 +126,22 @@ def _features(args: argparse.Namespace, policy: CompiledPolicy) -> Features:
     headers = {k.lower(): v for k, v in _pairs(args.header, "--header").items()}
     if args.request is not None and args.features:
         raise UsageError("give REQUEST.json or --features, not both")
+    api = endpoints.named(args.endpoint)
     if args.request is not None:
-        return _classified(args.request, args.endpoint, headers)
-    return features_from(_pairs(args.features, "--features"), policy, args.endpoint, headers)
+        return _classified(args.request, api, headers)
+    return features_from(_pairs(args.features, "--features"), policy, api.path.value, headers)
 
 
-def _classified(path: Path, endpoint: str, headers: dict[str, str]) -> Features:
+def _classified(path: Path, api: endpoints.Api, headers: dict[str, str]) -> Features:
     from gateway import schema
     from gateway.classify import Defaults, classify
     from gateway.errors import ApiError
 
-    kind: schema.Kind = "completion" if endpoint == Endpoint.COMPLETIONS else "chat"
     try:
-        request, _ = schema.parse(path.read_bytes(), kind)
+        request, _ = schema.parse(path.read_bytes(), api.kind)
     except ApiError as exc:
         raise UsageError(f"{path}: {exc.message}") from None
-    return classify(request, endpoint, headers, "explain", Defaults())
+    return classify(request, api.path.value, headers, "explain", Defaults())
 
 
 _FIELDS = {f.name for f in fields(Features)} - {"headers", "tools_fingerprint"}
@@ -208,11 +214,12 @@ def _pairs(items: Sequence[str], option: str) -> dict[str, str]:
 
 
 def _rich(result: Explanation) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from gateway.cli.output import console as make_console
+
+    console = make_console()
     features = Table(title="features", show_header=False)
     for name, value in feature_rows(result.features):
         features.add_row(escape(name), escape(value))

@@ -1,6 +1,7 @@
 """``speclane replay``: run scenarios against a policy in virtual time and price the result.
 
     speclane replay --policy FILE --scenario FILE... [--log REQUESTS.jsonl] [--out DIR] [--json]
+        [--cost-model affine|gpu|gpu-32b|gpu:SUMMARY.json]
 
 For each scenario: a table line (adaptive against the oracle, always-standard,
 always-speculative and the best static pool per class), ``DIR/NAME.json`` with the full
@@ -16,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from backends.sim.cli import COST_MODEL_HELP, cost_model_arg
+from backends.sim.model import CostModel
 from gateway.replay.chart import draw
 from gateway.replay.report import TABLE_HEAD, markdown_row, summarise
 from gateway.replay.run import read_log, replay
@@ -35,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "recorded offsets instead of the scenario's traffic",
     )
     parser.add_argument("--out", type=Path, help="write NAME.json and NAME.png here")
+    parser.add_argument(
+        "--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP
+    )
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     parser.set_defaults(run=run)
 
@@ -42,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy.read_text(), str(args.policy))
-        scenarios = [load_scenario(path.read_text()) for path in args.scenario]
+        scenarios = [load_scenario(path.read_bytes(), str(path)) for path in args.scenario]
         log = read_log(args.log.read_text()) if args.log else []
     except (OSError, ValueError, PolicyError) as exc:
         sys.stderr.write(f"{exc}\n")
@@ -54,11 +60,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(TABLE_HEAD + "\n")
     for scenario in scenarios:
         try:
-            result = replay(policy, scenario, log)
+            result = replay(policy, scenario, log, args.cost_model)
         except ValueError as exc:
             sys.stderr.write(f"{scenario.name}: {exc}\n")
             return 1
         summary = summarise(result, policy)
+        for why, n in sorted(result.skipped.items()):
+            sys.stderr.write(f"{scenario.name}: left out {n} logged request(s): {why}\n")
         summaries.append(summary)
         if not args.json:
             sys.stdout.write(markdown_row(summary) + "\n")

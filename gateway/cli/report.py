@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import orjson
-from rich.console import Console
 
+from gateway.cli.output import console
 from gateway.report import chart, render
 from gateway.report.stats import build
 
@@ -52,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     records = [r for r in records if float(r.get("at") or 0) > args.since]
     report = build(records, args.confidence, args.min_requests)
-    render.show(Console(), report)
-    if args.json:
+    if args.json:  # the files first: a reader that stops early (| head) must not lose them
         args.json.write_text(json.dumps(render.as_json(report), indent=1))
     if args.chart and not chart.draw(report, args.chart):
         sys.stderr.write("the chart needs matplotlib (pip install matplotlib)\n")
+    render.show(console(), report)
     return 0
 
 

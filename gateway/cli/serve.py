@@ -80,13 +80,17 @@ def run(args: argparse.Namespace) -> int:
     fmt = WORKER_LOG_FORMAT if settings.several_workers else LOG_FORMAT
     logging.basicConfig(level=settings.log_level.upper(), format=fmt)
     try:
-        PolicyHolder.from_file(settings.policy)  # a policy that does not load: say so here
+        holder = PolicyHolder.from_file(settings.policy)  # one that does not load: say so here
     except PolicyError as exc:
         sys.stderr.write(f"{exc}\n")
         return 1
     except OSError as exc:
         sys.stderr.write(f"cannot read the policy {settings.policy}: {exc.strerror or exc}\n")
         return 1
+    from gateway.cli.loaded import loaded_lines
+
+    for line in loaded_lines(settings, holder.current, holder.version):
+        logging.getLogger(__name__).info("%s", line)
     if settings.several_workers:
         return _several(settings)
     return _one(settings)

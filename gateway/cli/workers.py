@@ -13,6 +13,8 @@ requires): flags and their audit log, slice windows, guardrail states and events
 its own endpoint health and load, shadow budget and pool scrapes, as a replica does. Their
 metrics are summed on ``/metrics`` whichever worker answers, through prometheus-client's
 multiprocess mode in ``metrics_dir``.
+
+Explained for operators, with its numbers, in docs/operations.md ("Several cores: --workers").
 """
 
 from __future__ import annotations

@@ -14,3 +14,4 @@ class Options:
     time_scale: float = 0.25
     keep: bool = False
     json: Path | None = None
+    cost_model: str = "affine"  # the sims' step-time model: affine, gpu or gpu:SUMMARY.json

@@ -1,7 +1,8 @@
 """Price the recorded trace load-neutrally, four ways, like ``speclane replay`` does.
 
-Every answered request of the live run is priced on each pool with the simulator's own
-``CostModel`` (``gateway/replay/pricing.py``): its decode (tokens after the first) takes
+Every answered request of the live run is priced on each pool with the sims' own step-time
+model (``ReplayInput.cost``: the affine ``CostModel`` unless the demo ran another;
+``gateway/replay/pricing.py``): its decode (tokens after the first) takes
 (T - 1) / E engine steps, E = 1 on the standard pool and the Leviathan expected tokens per
 step at the request's true per-token acceptance (the simulator's model, drift included)
 on the speculative one, each step at the load the run actually carried (requests in flight
@@ -18,10 +19,16 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.sim.config import Mode, SimConfig
-from backends.sim.model import CostModel, DriftPoint, build_profile, expected_tokens_per_step
+from backends.sim.model import (
+    CostModel,
+    DriftPoint,
+    StepCost,
+    build_profile,
+    expected_tokens_per_step,
+)
 from backends.sim.workload import Workload
 from gateway.demo.driver import Drift, Result
 from gateway.demo.policy import SPEC_POOL
@@ -49,6 +56,7 @@ class ReplayInput:
     time_scale: float
     seed: int
     k: int = 4
+    cost: StepCost = field(default_factory=CostModel)
 
 
 def configs(data: ReplayInput) -> tuple[SimConfig, SimConfig]:
@@ -76,14 +84,16 @@ def replay(data: ReplayInput) -> list[ReplayRow]:
     marks = sorted(data.drift_marks.values())
     priced: list[tuple[Workload, int, float, float, float]] = []
     for r in answered:
-        a = build_profile(
+        profile = build_profile(
             r.body, seed=0, index=0, max_tokens=2, now_s=r.at / scale, drift=spec.drift
-        ).acceptance
+        )
+        a = profile.acceptance
+        context = profile.prompt_tokens + r.completion_tokens / 2
         load = loads.get(r.index, 1.0)
         decode = max(r.completion_tokens - 1, 0)
         on_spec = decode / expected_tokens_per_step(a, data.k)
-        cost_spec = on_spec * step_seconds(CostModel(), load, data.k) / load
-        cost_std = decode * step_seconds(CostModel(), load, None) / load
+        cost_spec = on_spec * step_seconds(data.cost, load, data.k, context) / load
+        cost_std = decode * step_seconds(data.cost, load, None, context) / load
         routed = cost_spec if r.pool == SPEC_POOL else cost_std
         if r.pool != SPEC_POOL and r.mirrored:
             routed += cost_spec

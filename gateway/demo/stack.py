@@ -47,6 +47,7 @@ class StackOptions:
     k: int = 4
     model: str = MODEL
     keep: bool = False
+    cost_model: str = "affine"
 
 
 @dataclass(slots=True)
@@ -133,6 +134,7 @@ class Stack:
         ):
             argv = ["sim", "--mode", mode, "--k", str(o.k), "--port", str(port)]
             argv += ["--model", o.model, "--time-scale", f"{o.time_scale:g}", "--seed", str(seed)]
+            argv += ["--cost-model", o.cost_model]
             self._spawn(name, argv, port, "/health")
         policy = self.workdir / "policy.yaml"
         policy.write_text(o.policy(self.spec_url, self.standard_url))

@@ -1,9 +1,9 @@
 """Step 6 of a request: measure it. A pure fold over upstream stream events -> ``Outcome``.
 
-Each signal reports what it can honestly see (DESIGN.md, "Measuring acceptance"). The
-universal quantity is *tokens per engine step* after the first token (prefill), which sets
-the speed, is comparable across k and is visible to every signal; the draft acceptance rate
-is reported only where drafts are visible.
+Each signal reports what it can honestly see (docs/measuring.md, "The signals"), and the
+outcome says which one it used. The universal quantity is *tokens per engine step* after
+the first token (prefill), which sets the speed, is comparable across k and is visible to
+every signal; the draft acceptance rate is reported only where drafts are visible.
 
 1. ``per_request``: vLLM >= 0.29's ``metrics.speculative_decoding`` on the final usage
    chunk: drafted and accepted draft tokens, and decode steps = T - 1 - accepted (each
@@ -34,6 +34,8 @@ A standard pool's request says ``none``: it has nothing to measure, and its deco
 T - 1 (one token each) by construction.
 
 No I/O and no clock: every time is an argument.
+
+Explained for operators, with its numbers, in docs/measuring.md ("The signals").
 """
 
 from __future__ import annotations

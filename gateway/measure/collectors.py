@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.measure.livestats import LiveStats
 from gateway.measure.slicecap import SliceLabels
+from gateway.measure.views import Views
 from policies.compiled import CompiledPolicy
 
 
@@ -93,8 +93,8 @@ class Prices(Collector):
 class GuardrailStates(Collector):
     """Every slice's guardrail state, and the guardrail's cost estimates per rung."""
 
-    def __init__(self, stats: LiveStats, slices: SliceLabels, wall: Callable[[], float]) -> None:
-        self._stats = stats
+    def __init__(self, views: Views, slices: SliceLabels, wall: Callable[[], float]) -> None:
+        self._views = views
         self._slices = slices
         self._wall = wall
 
@@ -123,13 +123,14 @@ class GuardrailStates(Collector):
         )
         now = self._wall()
         counts: Counter[tuple[str, str]] = Counter()
-        for key, rule, state, pool in self._stats.every():
+        for served in self._views.every():
+            key, rule, state = served.slice, served.rule, served.state
             counts[rule, state.phase.value] += 1
             if not self._slices.labelled(key):
                 continue
             offset.add_metric([rule, key], state.offset)
-            phase.add_metric([rule, key, state.phase.value, pool or ""], 1)
-            for rung, seconds in self._stats.seconds_per_token(key, now).items():
+            phase.add_metric([rule, key, state.phase.value, served.pool or ""], 1)
+            for rung, seconds in self._views.seconds_per_token(key, now).items():
                 estimate.add_metric([rule, key, rung], seconds)
         for (rule, name), n in sorted(counts.items()):
             count.add_metric([rule, name], n)

@@ -16,83 +16,59 @@ clears them, so only evidence gathered since the slice entered its phase is judg
 of requests decided in an older epoch still count in metrics but not in the guardrail. In
 economic mode (the default) evidence outlives transitions: a slice that left speculation in
 a load surge keeps its tokens per step there and comes back when the load drops, and the
-judge weighs recent requests first (``policies/economics.py``). A slice is judged against
-every rung below the one serving it and falls to the cheapest one that is cheaper with
-confidence; a serving rung it has no evidence on yet is judged by the nearest speculative
-rung's tokens per step carried over to its k. A climb decided by probes (a healing) makes
-what the slice saw before those probes, on the probed rung and the rungs above, stale: it
-stops counting (``fresh``), so the slice neither falls again on the mix of old and new
-requests nor judges the rungs above by their collapsed past.
+judge weighs recent requests first (``policies/economics.py``, read through
+``judging.py``). A slice falls to the cheapest rung below that is cheaper with confidence.
+A climb decided by probes (a healing) makes what the slice saw before those probes, on the
+probed rung and the rungs above, stale: it stops counting (``fresh``), so the slice neither
+falls again on the mix of old and new requests nor judges the rungs above by their
+collapsed past.
 
-Each pool's step time as a function of its batch is learned from every outcome it served,
-whichever slice sent it (``policies/steptime.py``): decode seconds over decode steps, at
-the outcome's mean load on its endpoint. ``load(model, now)`` says the load to judge at: the
-mean requests in flight per endpoint over the model's whole ladder, which does not move
-when a slice moves between rungs.
-
-Shared mode (several replicas, ``gateway/state/redis_store.py``): local windows hold only the
-increments not yet pushed; ``remote`` holds the merged totals of every replica as last
-pulled; evidence is their sum. Transitions are not applied locally but proposed, and the
-store applies each one once for everybody (compare-and-set on the state's version). While
-the store is unreachable the replica applies transitions itself, as a single process does.
-
-Memory: at most ``max_slices`` slices are kept, least recently used evicted first. An
-evicted slice forgets its state and starts again on its rule's start rung, like a slice
-never seen; with the default cap (10,000) and 24 buckets of 7 numbers per window, that is a
-few tens of MB at worst.
+Live statistics are split by concern around the slices they keep (``slices.py``): this
+module records and steps; ``judging.py`` builds the judgements; ``replica.py`` is the
+shared store's protocol (several replicas, ``gateway/state/redis_store.py``); ``views.py``
+is what the admin API and the metrics read.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from gateway.measure.acceptance import Outcome, Signal, Status
-from gateway.measure.slicerecord import RECENT, Increment, SliceRecord, counts_of, newest_tallies
+from gateway.measure.judging import Judge, Load, Seen
+from gateway.measure.replica import Replica
+from gateway.measure.slicerecord import RECENT, SliceRecord, counts_of
+from gateway.measure.slices import Slices
 from gateway.measure.steptimes import EXPLORE_PER_MINUTE, StepTimes
-from gateway.measure.windows import Counts, Window, spans
-from policies.compiled import CompiledPolicy, CompiledRule, Ladder
-from policies.economics import Judgement, Rung, Tally, hinges, judge, span_targets, transfer
+from gateway.measure.views import Views
+from gateway.measure.windows import Counts, Window
+from policies.compiled import CompiledPolicy, Ladder, Placement
+from policies.economics import hinges
 from policies.guardrail import (
     NOTHING,
     ON_START,
     Economics,
-    Evidence,
     Judged,
     Phase,
     SliceState,
     Transition,
+    alarm,
     reset_on_reload,
     step,
     step_economic,
 )
-from policies.model import SHADOW, Guardrail, GuardrailMode, ProbeMode
-from policies.steptime import StepFit, StepTime
-
-Load = Callable[[str, float], "float | None"]
+from policies.model import ProbeMode
+from policies.steptime import StepFit
 
 log = logging.getLogger(__name__)
 JUDGE_EVERY_S = 0.25  # economic mode: a slice is judged at most this often on its outcomes
 
 
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """What ``judgements`` makes of a slice's evidence: ``economics`` for the guardrail's
-    step; ``near``, the serving rung against the next one down, and ``lower``, that rung's
-    step time (whether exploring it is worth it); ``decided_by``, how many of the newest
-    probes the probes' judgement rests on."""
-
-    economics: Economics
-    near: Judgement | None
-    lower: StepTime | None
-    decided_by: int
-
-
 class LiveStats:
-    """Per-slice windows and guardrail states for one gateway process."""
+    """Per-slice windows and guardrail states for one gateway process. ``judge``,
+    ``replica`` and ``views`` are its other concerns, over the same ``slices``."""
 
     def __init__(
         self,
@@ -104,18 +80,25 @@ class LiveStats:
         load: Load | None = None,
     ) -> None:
         self._policy = policy
-        self._load = load
         self.steps = StepTimes()
         self.unattributed: dict[str, int] = {}
-        self._max_slices = max_slices
-        self._slices: OrderedDict[str, SliceRecord] = OrderedDict()
-        self._on_transition = on_transition
-        self.events: deque[Transition] = deque(maxlen=max_events)
-        self.guards: Mapping[str, SliceState] = MappingProxyType({})
-        self.shared = False
-        self.proposals: dict[str, Transition] = {}
+        self.slices = Slices(
+            max_slices=max_slices, max_events=max_events, on_transition=on_transition
+        )
+        self.judge = Judge(policy, self.steps, load)
+        self.replica = Replica(self.slices)
+        self.views = Views(self.slices, self.judge, policy, self.unattributed)
         self._unmeasured: dict[str, dict[str, int]] = {}
         self._due: set[str] = set()
+
+    @property
+    def guards(self) -> Mapping[str, SliceState]:
+        """Every slice not in its initial state: what a decision reads."""
+        return self.slices.guards
+
+    @property
+    def events(self) -> deque[Transition]:
+        return self.slices.events
 
     @property
     def step_fits(self) -> dict[str, StepFit]:
@@ -124,25 +107,21 @@ class LiveStats:
 
     def record(self, outcome: Outcome, now: float) -> None:
         labels = outcome.labels
-        entry = self._touch(labels.slice, labels.model, labels.rule, now)
+        entry = self.slices.touch(labels.slice, labels.model, labels.rule, now)
         self.steps.learn(outcome, now)
         current = labels.epoch == entry.state.version
         if outcome.status is Status.CANCELLED:
             return
-        policy = self._policy()
-        found = _rule_and_ladder(policy, labels.rule, labels.model)
-        if found is None:
+        place = self._policy().placement(labels.rule, labels.model)
+        if place is None:
             return
-        entry.economic = found[0].guardrail.economic
+        entry.economic = place.guardrail.economic
         if not current and not entry.economic:
             return
-        if (
-            current
-            and entry.state.phase is Phase.PROBING
-            and labels.pool != found[1].pools[entry.serving(*found)]
-        ):
+        probing = current and entry.state.phase is Phase.PROBING
+        if probing and labels.pool != place.pool(entry.state.offset):
             entry.probes += 1
-        window_s = entry.window_s = found[0].guardrail.window_s
+        window_s = entry.window_s = place.guardrail.window_s
         window = entry.windows.get(labels.pool)
         if window is None or window.window_s != window_s:
             window = entry.windows[labels.pool] = Window(window_s)
@@ -159,7 +138,7 @@ class LiveStats:
         if entry.economic and now - entry.judged < JUDGE_EVERY_S:
             self._due.add(labels.slice)  # judged by the next outcome after that, or tick
             return
-        self._step(labels.slice, entry, found, now)
+        self._step(labels.slice, entry, place, now)
 
     def pool_counters(self, pool: str, drafted: int, accepted: int, now: float) -> None:
         """A pool's draft/accepted tokens since the last scrape (acceptance signal 3). They
@@ -172,7 +151,7 @@ class LiveStats:
         if len(served) != 1:
             return
         ((key, requests),) = served.items()
-        entry = self._slices.get(key)
+        entry = self.slices.records.get(key)
         window = entry.windows.get(pool) if entry else None
         if entry is None or window is None:
             return
@@ -187,92 +166,113 @@ class LiveStats:
                 rate_sq=rate * rate * requests,
             ),
         )
-        found = _rule_and_ladder(self._policy(), entry.rule, entry.model)
-        if found is not None:
-            self._step(key, entry, found, now)
+        place = self._policy().placement(entry.rule, entry.model)
+        if place is not None:
+            self._step(key, entry, place, now)
 
     def tick(self, now: float) -> None:
         """Step every slice that is not on its start rung (cooldowns end with time alone),
         and every slice with outcomes not judged yet."""
         policy = self._policy()
         due, self._due = self._due, set()
-        for key in [*self.guards, *(k for k in due if k not in self.guards)]:
-            entry = self._slices.get(key)
-            found = entry and _rule_and_ladder(policy, entry.rule, entry.model)
-            if entry is not None and found:
-                self._step(key, entry, found, now)
+        guards = self.slices.guards
+        for key in [*guards, *(k for k in due if k not in guards)]:
+            entry = self.slices.records.get(key)
+            place = entry and policy.placement(entry.rule, entry.model)
+            if entry is not None and place:
+                self._step(key, entry, place, now)
 
-    def _touch(self, key: str, model: str, rule: str, now: float) -> SliceRecord:
-        entry = self._slices.get(key)
+    def policy_changed(self, policy: CompiledPolicy) -> None:
+        """Clip fallen-back slices to the new policy's ladders (a ladder may have shrunk)."""
+        changed = False
+        for entry in self.slices.records.values():
+            place = policy.placement(entry.rule, entry.model)
+            if place is None or entry.state == ON_START:
+                continue
+            clipped = reset_on_reload(entry.state, len(place.ladder.pools) - 1 - place.start)
+            if clipped != entry.state:
+                entry.restart(clipped)
+                changed = True
+        if changed:
+            self.slices.publish()
+
+    def alarm(self, key: str, reason: str, numbers: dict[str, float], now: float) -> None:
+        """An outside signal that speculation is wrong for a slice (the shadow canary): the
+        guardrail's ``alarm`` transition, a fall of one rung when the slice can fall."""
+        entry = self.slices.records.get(key)
         if entry is None:
-            entry = self._slices[key] = SliceRecord(model, rule)
-            if len(self._slices) > self._max_slices:
-                evicted, _ = self._slices.popitem(last=False)
-                if evicted in self.guards:
-                    self._publish()
+            return
+        place = self._policy().placement(entry.rule, entry.model)
+        below = 0 if place is None or place.shadowed else place.below(entry.state.offset)
+        after, transition = alarm(key, entry.state, below, reason, numbers, now)
+        if after is entry.state:
+            self.slices.events.append(transition)  # nowhere to fall: logged only
         else:
-            self._slices.move_to_end(key)
-        entry.seen = now
-        return entry
+            self.slices.move(key, entry, transition)
 
-    def _step(
-        self, key: str, entry: SliceRecord, found: tuple[CompiledRule, Ladder], now: float
-    ) -> None:
-        rule, ladder = found
-        if rule.rule.start == SHADOW or entry.proposed:
+    def _step(self, key: str, entry: SliceRecord, place: Placement, now: float) -> None:
+        if place.shadowed or entry.proposed:
             return
-        if rule.guardrail.economic:
-            self._step_economic(key, entry, rule, ladder, now)
-            return
-        start = ladder.index(rule.rule.start)
-        serving = entry.serving(rule, ladder)
-        speed = rule.guardrail.mode is GuardrailMode.SPEEDUP
+        if place.guardrail.economic:
+            self._step_economic(key, entry, place, now)
+        else:
+            self._step_threshold(key, entry, place, now)
+
+    def _step_threshold(self, key: str, entry: SliceRecord, place: Placement, now: float) -> None:
+        ladder = place.ladder
+        serving = place.serving(entry.state.offset)
+        evidence = self.judge.evidence
         judged_above = NOTHING
-        if entry.state.phase is Phase.PROBING and serving > start:
+        if entry.state.phase is Phase.PROBING and serving > place.start:
             above = serving - 1
-            judged_above = Judged(self._evidence(entry, ladder, above, now, speed), ladder.k[above])
+            judged_above = Judged(evidence(entry, ladder, above, now), ladder.k[above])
         state, transition = step(
             key,
             entry.state,
-            Judged(self._evidence(entry, ladder, serving, now, speed), ladder.k[serving]),
+            Judged(evidence(entry, ladder, serving, now), ladder.k[serving]),
             judged_above,
-            len(ladder.pools) - 1 - serving,
-            rule.guardrail,
+            place.below(entry.state.offset),
+            place.guardrail,
             now,
         )
         if transition is not None:
-            self._transition(key, entry, transition)
+            self.slices.move(key, entry, transition)
 
-    def _step_economic(
-        self, key: str, entry: SliceRecord, rule: CompiledRule, ladder: Ladder, now: float
-    ) -> None:
-        config = rule.guardrail
+    def _step_economic(self, key: str, entry: SliceRecord, place: Placement, now: float) -> None:
         entry.judged = now
         self._due.discard(key)
-        start = ladder.index(rule.rule.start)
-        serving = entry.serving(rule, ladder)
-        seen = self.judgements(entry, ladder, serving, start, config, now)
+        serving = place.serving(entry.state.offset)
+        seen = self.judge.seen(entry, place, now)
         rate = entry.requests_per_s(now)
         economics = replace(seen.economics, probe_count=entry.probes, rate=rate)
-        state, transition = step_economic(key, entry.state, economics, config, now)
+        state, transition = step_economic(key, entry.state, economics, place.guardrail, now)
         if transition is not None:
             if transition.after.offset < entry.state.offset and _by_probes(economics):
-                self._stale_before_probes(entry, ladder, serving - 1, seen.decided_by, now)
-            self._transition(key, entry, transition)
+                self._stale_before_probes(entry, place.ladder, serving - 1, seen.decided_by, now)
+            self.slices.move(key, entry, transition)
             return
         if state != entry.state:  # a new probe share: not an event
             entry.state = state
-            self._publish()
+            self.slices.publish()
+        self._explore(key, entry, place, seen, rate, now)
+
+    def _explore(
+        self, key: str, entry: SliceRecord, place: Placement, seen: Seen, rate: float, now: float
+    ) -> None:
+        """The share of the slice sent one rung down while its judgement hinges on that
+        pool's step time, and whether it is served there (live) or mirrored."""
+        config, pools = place.guardrail, place.ladder.pools
+        serving = place.serving(entry.state.offset)
         explore, live = 0.0, False
-        if serving + 1 < len(ladder.pools):
+        if serving + 1 < len(pools):
             need = hinges(seen.near, seen.lower, rate, EXPLORE_PER_MINUTE / 60.0)
-            pool = ladder.pools[serving + 1]
+            pool = pools[serving + 1]
             explore = self.steps.explore_share(pool, key, rate, need, config.probe_fraction, now)
             live = explore > 0 and seen.near is not None and seen.near.z >= 0.0
             live = live and config.probe is ProbeMode.LIVE
         if (explore, live) != (entry.state.explore, entry.state.explore_live):
             entry.state = replace(entry.state, explore=explore, explore_live=live)
-            self._publish()
+            self.slices.publish()
 
     def _stale_before_probes(
         self, entry: SliceRecord, ladder: Ladder, probed: int, decided_by: int, now: float
@@ -286,298 +286,7 @@ class LiveStats:
         for upper in ladder.pools[:probed]:
             entry.fresh[upper] = now
 
-    def judgements(
-        self,
-        entry: SliceRecord,
-        ladder: Ladder,
-        serving: int,
-        start: int,
-        config: Guardrail,
-        now: float,
-    ) -> Seen:
-        """One slice's judgements at the ladder's load (``Seen``)."""
-        load = self._judge_load(ladder, now)
-        targets = span_targets(config.min_samples)
-        rungs = [
-            self._rung(entry, ladder, i, load, targets, config, now, carry=i == serving)
-            for i in range(len(ladder.pools))
-        ]
-        n, confidence = config.min_samples, config.confidence
-        below = above = probes = near = None
-        drop = 1
-        for j in range(serving + 1, len(ladder.pools)):
-            judged = judge(rungs[serving], rungs[j], min_samples=n, confidence=confidence)
-            if j == serving + 1:
-                below = near = judged
-            if judged is None or judged.verdict >= 0:
-                continue
-            if below is None or below.verdict >= 0 or judged.ratio > below.ratio:
-                below, drop = judged, j - serving
-        decided_by = 0
-        if serving > start:
-            above = judge(rungs[serving - 1], rungs[serving], min_samples=n, confidence=confidence)
-            if entry.state.phase is Phase.PROBING and entry.probes:
-                fresh = self._rung(entry, ladder, serving - 1, load, (1, 2, 4, 8, 16), config, now)
-                probes = judge(
-                    fresh,
-                    rungs[serving],
-                    min_samples=1,
-                    confidence=config.confidence,
-                    max_n=entry.probes,
-                )
-                decided_by = probes.n if probes is not None else 0
-        lower = rungs[serving + 1].step if serving + 1 < len(ladder.pools) else None
-        return Seen(Economics(below, above, probes, drop=drop), near, lower, decided_by)
-
-    def _rung(
-        self,
-        entry: SliceRecord,
-        ladder: Ladder,
-        i: int,
-        load: float | None,
-        targets: tuple[int, ...],
-        config: Guardrail,
-        now: float,
-        *,
-        carry: bool = False,
-    ) -> Rung:
-        """Rung ``i`` as the judge sees it. With ``carry`` (the serving rung), a speculative
-        rung without evidence of its own takes the nearest speculative rung's, carried over
-        to its k; the judge carries evidence over to the other rungs itself."""
-        pool = ladder.pools[i]
-        tallies = self._tallies(entry, pool, ladder.k[i], targets, now)
-        transferred = False
-        k = ladder.k[i]
-        if carry and k is not None and not tallies:
-            for j in sorted(range(len(ladder.pools)), key=lambda j: (abs(j - i), j)):
-                other = ladder.k[j]
-                if j == i or other is None:
-                    continue
-                source = self._tallies(entry, ladder.pools[j], other, targets, now)
-                if source:
-                    tallies = tuple(transfer(t, other, k) for t in source)
-                    transferred = True
-                    break
-        step = self.steps.at(ladder, i, load, config.draft_cost_ratio, now)
-        policy = self._policy()
-        prices = [policy.pools[p].cost_per_hour for p in ladder.pools if p in policy.pools]
-        price = policy.pools[pool].cost_per_hour if pool in policy.pools else None
-        per_second = price / 3600.0 if price is not None and None not in prices else 1.0
-        return Rung(pool, k, per_second, step, tallies, transferred)
-
-    def _tallies(
-        self, entry: SliceRecord, pool: str, k: int | None, targets: tuple[int, ...], now: float
-    ) -> tuple[Tally, ...]:
-        if k is None:
-            return ()
-        recent = entry.newest(pool)
-        short = [t for t in targets if t <= len(recent)]
-        longer = spans(entry.buckets(pool, now), [t for t in targets if t > len(recent)])
-        return newest_tallies(recent, short) + tuple(x for x in longer if x.n > len(recent))
-
-    def _judge_load(self, ladder: Ladder, now: float) -> float | None:
-        load = self._load(ladder.model, now) if self._load is not None else None
-        return max(load, 1.0) if load is not None else self.steps.mean_batch(ladder, now)
-
-    def _evidence(
-        self, entry: SliceRecord, ladder: Ladder, rung: int, now: float, speed: bool
-    ) -> Evidence:
-        counts = entry.counts(ladder.pools[rung], now)
-        speedup = None
-        if speed and rung != len(ladder.pools) - 1:
-            base = entry.counts(ladder.pools[-1], now)
-            if counts.tpot is not None and base.tpot is not None and base.tpot_n >= 5:
-                speedup = base.tpot / counts.tpot
-        return Evidence(counts.measured or counts.tpot_n, counts.acceptance, speedup)
-
-    def _transition(self, key: str, entry: SliceRecord, transition: Transition) -> None:
-        if self.shared:
-            entry.proposed = True
-            self.proposals[key] = transition
-            return
-        self.apply(key, transition)
-
-    def apply(self, key: str, transition: Transition) -> None:
-        """Make a transition the slice's state and log it (decided here or by the store)."""
-        entry = self._slices.get(key)
-        if entry is None:
-            return
-        entry.restart(transition.after)
-        self.events.append(transition)
-        log.info("guardrail %s: %s", key, transition.reason)
-        self._publish()
-        if self._on_transition is not None:
-            self._on_transition(transition)
-
-    def policy_changed(self, policy: CompiledPolicy) -> None:
-        """Clip fallen-back slices to the new policy's ladders (a ladder may have shrunk)."""
-        changed = False
-        for entry in self._slices.values():
-            found = _rule_and_ladder(policy, entry.rule, entry.model)
-            if found is None or entry.state == ON_START:
-                continue
-            rule, ladder = found
-            below = len(ladder.pools) - 1 - ladder.index(rule.rule.start)
-            clipped = reset_on_reload(entry.state, below)
-            if clipped != entry.state:
-                entry.restart(clipped)
-                changed = True
-        if changed:
-            self._publish()
-
-    def alarm(self, key: str, reason: str, numbers: dict[str, float], now: float) -> None:
-        """An outside signal that speculation is wrong for a slice (the shadow canary): fall
-        back one rung when the slice is on a speculative one; log the event either way."""
-        entry = self._slices.get(key)
-        if entry is None:
-            return
-        found = _rule_and_ladder(self._policy(), entry.rule, entry.model)
-        state = entry.state
-        if found is not None and found[0].rule.start != SHADOW:
-            rule, ladder = found
-            if ladder.index(rule.rule.start) + state.offset < len(ladder.pools) - 1:
-                after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
-                self._transition(key, entry, Transition(key, now, state, after, reason, numbers))
-                return
-        self.events.append(Transition(key, now, state, state, reason, numbers))
-
-    def adopt(self, key: str, model: str, rule: str, state: SliceState, now: float) -> bool:
-        """Take a state decided elsewhere when it is newer; True when it changed."""
-        entry = self._touch(key, model, rule, now)
-        if state.version <= entry.state.version:
-            return False
-        entry.restart(state)
-        self._publish()
-        return True
-
-    def _publish(self) -> None:
-        self.guards = MappingProxyType(
-            {k: s.state for k, s in self._slices.items() if s.state != ON_START}
-        )
-
-    # --- for the shared store -------------------------------------------------------------
-
-    def slice_labels(self, key: str) -> tuple[str, str] | None:
-        entry = self._slices.get(key)
-        return None if entry is None else (entry.model, entry.rule)
-
-    def abandon(self, key: str) -> None:
-        """Forget a proposal the store could not place; the slice may propose again."""
-        entry = self._slices.get(key)
-        if entry is not None:
-            entry.proposed = False
-
-    def take_proposals(self) -> dict[str, Transition]:
-        taken, self.proposals = self.proposals, {}
-        return taken
-
-    def drain(self) -> list[Increment]:
-        """Local increments not yet pushed, emptied."""
-        out = []
-        for key, entry in self._slices.items():
-            for pool, window in entry.windows.items():
-                for start, counts in window.drain():
-                    out.append(
-                        Increment(
-                            key,
-                            entry.model,
-                            entry.rule,
-                            entry.window_epoch,
-                            pool,
-                            start,
-                            counts,
-                            window.window_s,
-                        )
-                    )
-        return out
-
-    def restore(self, increments: list[Increment]) -> None:
-        """Put back increments a failed push took out, so local evidence stays whole."""
-        for inc in increments:
-            entry = self._slices.get(inc.slice)
-            if entry is None or entry.window_epoch != inc.epoch:
-                continue
-            window = entry.windows.get(inc.pool)
-            if window is None:
-                window = entry.windows[inc.pool] = Window(inc.window_s)
-            window.add(inc.start, inc.counts)
-
-    def states(self) -> Iterator[tuple[str, str, str, SliceState]]:
-        """(slice, model, rule, state) of every slice not in its initial state."""
-        for key, entry in self._slices.items():
-            if entry.state != ON_START:
-                yield key, entry.model, entry.rule, entry.state
-
-    def every(self) -> Iterator[tuple[str, str, SliceState, str | None]]:
-        """(slice, rule, state, pool served now) of every slice kept, for the state gauges."""
-        policy = self._policy()
-        for key, entry in self._slices.items():
-            found = _rule_and_ladder(policy, entry.rule, entry.model)
-            yield key, entry.rule, entry.state, entry.rungs(found)["rung"]
-
-    def seconds_per_token(self, key: str, now: float) -> dict[str, float]:
-        """The guardrail's estimate of endpoint-seconds per output token of one slice on each
-        rung it can tell, at the ladder's load: step_time(B) / (L x B), ``L`` the slice's
-        tokens per step there (1 on a standard pool). Times ``cost_per_hour`` / 3600 it is
-        the cost per output token that the economic guardrail compares."""
-        entry = self._slices.get(key)
-        found = entry and _rule_and_ladder(self._policy(), entry.rule, entry.model)
-        if entry is None or not found:
-            return {}
-        rule, ladder = found
-        load = self._judge_load(ladder, now) or 1.0
-        out = {}
-        for i, pool in enumerate(ladder.pools):
-            per_step = 1.0 if ladder.k[i] is None else entry.counts(pool, now).tokens_per_step
-            step = self.steps.at(ladder, i, load, rule.guardrail.draft_cost_ratio, now)
-            if step is not None and per_step:
-                out[pool] = step.seconds / (per_step * load)
-        return out
-
-    def active(self, since: float) -> Iterator[tuple[str, str, str, int, tuple[str, ...]]]:
-        """(slice, model, rule, epoch, pools) of slices seen since ``since`` or not at rest."""
-        for key, entry in self._slices.items():
-            if entry.seen >= since or entry.state != ON_START:
-                yield key, entry.model, entry.rule, entry.window_epoch, tuple(entry.windows)
-
-    def merge_remote(self, key: str, epoch: int, pool: str, buckets: dict[float, Counts]) -> None:
-        """The totals of every replica for one pool, as pulled; replaces the last pull."""
-        entry = self._slices.get(key)
-        if entry is not None and entry.window_epoch == epoch:
-            entry.remote[pool] = buckets
-
-    def pool_summary(self, now: float) -> dict[str, dict[str, object]]:
-        """Per pool: its learned step time, and how often its counters could not be told
-        apart between slices (acceptance signal 3)."""
-        names = set(self.steps.fits) | set(self.unattributed)
-        for ladder in self._policy().ladders.values():
-            names |= set(ladder.pools)
-        return {
-            pool: {
-                "step_time": self.steps.summary(pool, now),
-                "counters_unattributed": self.unattributed.get(pool, 0),
-            }
-            for pool in sorted(names)
-        }
-
-    def summary(self, now: float) -> dict[str, dict[str, object]]:
-        """Every slice's state and per-pool window, for the admin API and the demo; ``rung``
-        is the pool the slice is served on now (None when its rule or model is gone)."""
-        policy = self._policy()
-        return {
-            key: entry.view(now, _rule_and_ladder(policy, entry.rule, entry.model))
-            for key, entry in self._slices.items()
-        }
-
 
 def _by_probes(seen: Economics) -> bool:
     """Did the newest probes, rather than the whole window, decide a climb?"""
     return seen.probes is not None and seen.probes.verdict > 0
-
-
-def _rule_and_ladder(
-    policy: CompiledPolicy, rule_name: str, model: str
-) -> tuple[CompiledRule, Ladder] | None:
-    rule = policy.rule(rule_name)
-    ladder = policy.ladders.get(model)
-    return None if rule is None or ladder is None else (rule, ladder)

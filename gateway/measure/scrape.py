@@ -21,6 +21,8 @@ A pool that drafted and then decodes on (``work``: generated tokens or iteration
 (``speculation``: TensorRT-LLM's ``acceptance_rate_threshold`` does that for good, its
 ``max_concurrency`` above a batch size); it is logged once, shown on ``/admin/pools`` and
 ``/readyz``, and says ``on`` again when drafts come back.
+
+Explained for operators, with its numbers, in docs/measuring.md ("Engines").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What live statistics keep per slice (``gateway/measure/livestats.py`` judges it): its
+"""What live statistics keep per slice (``livestats.py`` records it, ``judging.py`` judges it): its
 windows per pool, local and pulled from other replicas, its newest requests one by one for
 the short spans of the economic judge, the floor its evidence starts at, and the counts one
 outcome adds. Pure data and arithmetic; time is an argument.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from gateway.measure.acceptance import Outcome, Status
 from gateway.measure.windows import BUCKETS, Counts, Window, total_since
-from policies.compiled import CompiledRule, Ladder
+from policies.compiled import Placement
 from policies.economics import Tally
 from policies.guardrail import ON_START, Phase, SliceState
 
@@ -96,13 +96,9 @@ class SliceRecord:
         span = max(now - oldest, self.window_s / BUCKETS)
         return requests / span
 
-    def serving(self, rule: CompiledRule, ladder: Ladder) -> int:
-        """The index in ``ladder`` of the rung the slice is served on."""
-        return min(ladder.index(rule.rule.start) + self.state.offset, len(ladder.pools) - 1)
-
-    def view(self, now: float, found: tuple[CompiledRule, Ladder] | None) -> dict[str, object]:
-        """The slice's state and per-pool window for the admin API; ``found``: its rule and
-        ladder (None when either is gone from the policy)."""
+    def view(self, now: float, place: Placement | None) -> dict[str, object]:
+        """The slice's state and per-pool window for the admin API; ``place``: its rule on
+        its ladder (None when either is gone from the policy)."""
         pools = {}
         for pool in self.windows.keys() | self.remote.keys():
             c = self.counts(pool, now)
@@ -122,24 +118,23 @@ class SliceRecord:
             "offset": self.state.offset,
             "phase": self.state.phase.value,
             "since": self.state.since,
-            **self.rungs(found),
+            **self.rungs(place),
             "requests_per_s": self.requests_per_s(now),
             "window_s": self.window_s,
             "pools": pools,
         }
 
-    def rungs(self, found: tuple[CompiledRule, Ladder] | None) -> dict[str, str | None]:
+    def rungs(self, place: Placement | None) -> dict[str, str | None]:
         """The rule's start rung, the pool the slice is served on, and the one it probes."""
-        if found is None:
+        if place is None:
             return {"start": None, "rung": None, "probing": None}
-        rule, ladder = found
-        start = ladder.index(rule.rule.start)
-        serving = self.serving(rule, ladder)
-        probing = self.state.phase is Phase.PROBING and serving > start
+        serving = place.serving(self.state.offset)
+        probing = self.state.phase is Phase.PROBING and serving > place.start
+        pools = place.ladder.pools
         return {
-            "start": rule.rule.start,
-            "rung": ladder.pools[serving],
-            "probing": ladder.pools[serving - 1] if probing else None,
+            "start": place.rule.rule.start,
+            "rung": pools[serving],
+            "probing": pools[serving - 1] if probing else None,
         }
 
     def restart(self, state: SliceState) -> None:

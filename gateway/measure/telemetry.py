@@ -18,6 +18,8 @@ weighted acceptance = accepted / drafted tokens; tokens per step = decode tokens
 steps), never as per-request rates to be averaged. Shadow mirrors count in the token
 counters (they measure the pool) but not in the latency histograms or validity, which are
 what clients saw.
+
+Explained for operators, with its numbers, in docs/observability.md ("Metrics").
 """
 
 from __future__ import annotations
@@ -45,10 +47,10 @@ from gateway.measure.collectors import (
     PoolReading,
     Prices,
 )
-from gateway.measure.livestats import LiveStats
 from gateway.measure.slicecap import SliceLabels
 from gateway.measure.tally import Counts, Levels, Observations
 from gateway.measure.tracing import Tracing
+from gateway.measure.views import Views
 from policies.compiled import CompiledPolicy
 from policies.guardrail import Transition
 
@@ -102,6 +104,124 @@ class _Latency:
 
 
 @dataclass(slots=True)
+class _Counters:
+    """Counters recorded as they happen, by their labels."""
+
+    structured: _Children[Counter]
+    failovers: _Children[Counter]
+    upstream_failures: _Children[Counter]
+    rejections: _Children[Counter]
+    transitions: _Children[Counter]
+    reloads: _Children[Counter]
+    shadow: _Children[Counter]
+    errors: _Children[Counter]
+
+
+# The metrics, by where they live: (name, help) or (name, help, labels or buckets, ...).
+_REQUESTS = (
+    "speclane_requests",
+    "requests finished, by outcome",
+    ["model", "rule", "pool", "status", "signal", "shadow"],
+)
+_BY_SLICE = ["rule", "slice", "pool"]
+_SLICES = {  # _Slices: per (rule, slice, pool)
+    "output": ("speclane_output_tokens", "completion tokens served, by slice"),
+    "decode_tokens": (
+        "speclane_decode_tokens",
+        "tokens after the first, of requests whose engine steps are known; over "
+        "speclane_decode_steps_total it is tokens per step (mean acceptance length where every "
+        "step drafts)",
+    ),
+    "decode_steps": ("speclane_decode_steps", "engine steps after the first token"),
+    "drafted": ("speclane_draft_tokens", "draft tokens proposed, where visible"),
+    "accepted": (
+        "speclane_accepted_draft_tokens",
+        "draft tokens accepted; over speclane_draft_tokens_total it is the token-weighted draft "
+        "acceptance rate",
+    ),
+    "serving": (
+        "speclane_serving_seconds",
+        "endpoint-seconds spent on requests: each request's time upstream over the mean "
+        "requests in flight on its endpoint meanwhile (its share of the server); over "
+        "speclane_output_tokens_total, times speclane_pool_cost_per_hour / 3600, it is the cost "
+        "per output token",
+    ),
+}
+_LATENCY: dict[str, tuple[str, str, tuple[float, ...], tuple[str, ...]]] = {
+    # _Latency: histograms by (model, rule, pool, *extra)
+    "duration": (
+        "speclane_request_duration_seconds",
+        "end-to-end time of a request at the gateway, to its last byte",
+        SECONDS,
+        (),
+    ),
+    "ttft": ("speclane_ttft_seconds", "time to first token, at the gateway", SECONDS, ()),
+    "tpot": ("speclane_tpot_seconds", "time per output token after the first", TPOT, ()),
+    "phase": (
+        "speclane_request_phase_seconds",
+        "where a request's time went: admission (at the gateway, until it went upstream), "
+        "upstream_wait (from then to the first token: connecting, failed tries, the engine's "
+        "queue and prefill), queue (the engine's own queue time, where vLLM reports it; part "
+        "of upstream_wait), decode (first to last token)",
+        PHASES,
+        ("phase",),
+    ),
+    "acceptance": (
+        "speclane_draft_acceptance_rate",
+        "accepted / drafted tokens per request on speculative pools (per-request spread; the "
+        "token-weighted figure is speclane_accepted_draft_tokens_total / "
+        "speclane_draft_tokens_total)",
+        RATIO,
+        (),
+    ),
+}
+_COUNTERS: dict[str, tuple[str, str, list[str]]] = {  # _Counters
+    "structured": (
+        "speclane_structured_outputs",
+        "structured answers (json_object, json_schema) and tool calls checked against what the "
+        "request asked for, by result",
+        ["model", "rule", "pool", "kind", "result"],
+    ),
+    "failovers": (
+        "speclane_failovers",
+        "requests the decision sent to a pool that another endpoint or pool (served_by) "
+        "served, retries of answers that broke before reaching the client "
+        "(retried_after_break, one per retry), requests whose break retries ran out "
+        "(exhausted_after_break), or that none could serve (exhausted)",
+        ["pool", "result", "served_by"],
+    ),
+    "upstream_failures": (
+        "speclane_upstream_failures",
+        "tries that failed before their first event, by the pool tried",
+        ["pool"],
+    ),
+    "rejections": (
+        "speclane_upstream_rejections",
+        "client errors (4xx) an upstream answered, passed on to the client",
+        ["pool", "status"],
+    ),
+    "transitions": (
+        "speclane_guardrail_transitions",
+        "guardrail transitions",
+        ["rule", "from", "to"],
+    ),
+    "reloads": ("speclane_policy_reloads", "policy reloads, by result", ["result"]),
+    "shadow": ("speclane_shadow_mirrors", "shadow mirrors, by result", ["pool", "result"]),
+    "errors": (
+        "speclane_request_errors",
+        "OpenAI-route requests (/v1/) answered with an error before any upstream answered",
+        ["status", "code"],
+    ),
+}
+_SYNC_ERRORS = ("speclane_state_sync_errors", "failed syncs with the shared store")
+_IN_FLIGHT = ("speclane_requests_in_flight", "streams open to upstreams", ["pool", "shadow"])
+_DEGRADED = (
+    "speclane_state_degraded",
+    "1 while the shared store is unreachable and state is local only (in any worker)",
+)
+
+
+@dataclass(slots=True)
 class Telemetry:
     tracing: Tracing
     registry: CollectorRegistry
@@ -109,14 +229,7 @@ class Telemetry:
     _requests: Counts
     _latency: _Latency
     _slices: _Slices
-    _structured: _Children[Counter]
-    _failovers: _Children[Counter]
-    _upstream_failures: _Children[Counter]
-    _rejections: _Children[Counter]
-    _transitions: _Children[Counter]
-    _reloads: _Children[Counter]
-    _shadow: _Children[Counter]
-    _errors: _Children[Counter]
+    _counters: _Counters
     _sync_errors: Counter
     _in_flight: Levels
     _degraded: Gauge
@@ -143,147 +256,33 @@ class Telemetry:
             tracers = _otlp_tracer(otlp_endpoint)
         tracing = Tracing(tracers.get_tracer("speclane") if tracers else None)
 
-        def counter(name: str, doc: str, labels: list[str]) -> _Children[Counter]:
-            return _Children(Counter(name, doc, labels, registry=registry))
-
         def counts(name: str, doc: str, labels: list[str]) -> Counts:
             return Counts(Counter(name, doc, labels, registry=registry))
 
         def histogram(
-            name: str, doc: str, buckets: tuple[float, ...], extra: tuple[str, ...] = ()
+            name: str, doc: str, buckets: tuple[float, ...], extra: tuple[str, ...]
         ) -> Observations:
             labels = ["model", "rule", "pool", *extra]
             metric = Histogram(name, doc, labels, registry=registry, buckets=buckets)
             return Observations(metric, buckets)
 
-        by_slice = ["rule", "slice", "pool"]
+        in_flight = Gauge(*_IN_FLIGHT, registry=registry, multiprocess_mode="livesum")
         telemetry = cls(
             tracing=tracing,
             registry=registry,
             slice_label=SliceLabels(max_slices),
-            _requests=counts(
-                "speclane_requests",
-                "requests finished, by outcome",
-                ["model", "rule", "pool", "status", "signal", "shadow"],
+            _requests=counts(*_REQUESTS),
+            _latency=_Latency(**{f: histogram(*spec) for f, spec in _LATENCY.items()}),
+            _slices=_Slices(**{f: counts(*spec, _BY_SLICE) for f, spec in _SLICES.items()}),
+            _counters=_Counters(
+                **{
+                    f: _Children(Counter(name, doc, labels, registry=registry))
+                    for f, (name, doc, labels) in _COUNTERS.items()
+                }
             ),
-            _latency=_Latency(
-                duration=histogram(
-                    "speclane_request_duration_seconds",
-                    "end-to-end time of a request at the gateway, to its last byte",
-                    SECONDS,
-                ),
-                ttft=histogram(
-                    "speclane_ttft_seconds", "time to first token, at the gateway", SECONDS
-                ),
-                tpot=histogram(
-                    "speclane_tpot_seconds", "time per output token after the first", TPOT
-                ),
-                phase=histogram(
-                    "speclane_request_phase_seconds",
-                    "where a request's time went: admission (at the gateway, until it went "
-                    "upstream), upstream_wait (from then to the first token: connecting, "
-                    "failed tries, the engine's queue and prefill), queue (the engine's own "
-                    "queue time, where vLLM reports it; part of upstream_wait), decode "
-                    "(first to last token)",
-                    PHASES,
-                    ("phase",),
-                ),
-                acceptance=histogram(
-                    "speclane_draft_acceptance_rate",
-                    "accepted / drafted tokens per request on speculative pools (per-request "
-                    "spread; the token-weighted figure is speclane_accepted_draft_tokens_total "
-                    "/ speclane_draft_tokens_total)",
-                    RATIO,
-                ),
-            ),
-            _slices=_Slices(
-                output=counts(
-                    "speclane_output_tokens", "completion tokens served, by slice", by_slice
-                ),
-                decode_tokens=counts(
-                    "speclane_decode_tokens",
-                    "tokens after the first, of requests whose engine steps are known; over "
-                    "speclane_decode_steps_total it is tokens per step (mean acceptance length "
-                    "where every step drafts)",
-                    by_slice,
-                ),
-                decode_steps=counts(
-                    "speclane_decode_steps", "engine steps after the first token", by_slice
-                ),
-                drafted=counts(
-                    "speclane_draft_tokens", "draft tokens proposed, where visible", by_slice
-                ),
-                accepted=counts(
-                    "speclane_accepted_draft_tokens",
-                    "draft tokens accepted; over speclane_draft_tokens_total it is the "
-                    "token-weighted draft acceptance rate",
-                    by_slice,
-                ),
-                serving=counts(
-                    "speclane_serving_seconds",
-                    "endpoint-seconds spent on requests: each request's time upstream over "
-                    "the mean requests in flight on its endpoint meanwhile (its share of the "
-                    "server); over speclane_output_tokens_total, times "
-                    "speclane_pool_cost_per_hour / 3600, it is the cost per output token",
-                    by_slice,
-                ),
-            ),
-            _structured=counter(
-                "speclane_structured_outputs",
-                "structured answers (json_object, json_schema) and tool calls checked against "
-                "what the request asked for, by result",
-                ["model", "rule", "pool", "kind", "result"],
-            ),
-            _failovers=counter(
-                "speclane_failovers",
-                "requests the decision sent to a pool that another endpoint or pool "
-                "(served_by) served, retries of answers that broke before reaching the client "
-                "(retried_after_break, one per retry), requests whose break retries ran out "
-                "(exhausted_after_break), or that none could serve (exhausted)",
-                ["pool", "result", "served_by"],
-            ),
-            _upstream_failures=counter(
-                "speclane_upstream_failures",
-                "tries that failed before their first event, by the pool tried",
-                ["pool"],
-            ),
-            _rejections=counter(
-                "speclane_upstream_rejections",
-                "client errors (4xx) an upstream answered, passed on to the client",
-                ["pool", "status"],
-            ),
-            _transitions=counter(
-                "speclane_guardrail_transitions", "guardrail transitions", ["rule", "from", "to"]
-            ),
-            _reloads=counter("speclane_policy_reloads", "policy reloads, by result", ["result"]),
-            _shadow=counter(
-                "speclane_shadow_mirrors", "shadow mirrors, by result", ["pool", "result"]
-            ),
-            _errors=counter(
-                "speclane_request_errors",
-                "requests answered with an error before any upstream answered",
-                ["status", "code"],
-            ),
-            _sync_errors=Counter(
-                "speclane_state_sync_errors",
-                "failed syncs with the shared store",
-                registry=registry,
-            ),
-            _in_flight=Levels(
-                Gauge(
-                    "speclane_requests_in_flight",
-                    "streams open to upstreams",
-                    ["pool", "shadow"],
-                    registry=registry,
-                    multiprocess_mode="livesum",
-                )
-            ),
-            _degraded=Gauge(
-                "speclane_state_degraded",
-                "1 while the shared store is unreachable and state is local only (in any worker)",
-                registry=registry,
-                multiprocess_mode="livemax",
-            ),
+            _sync_errors=Counter(*_SYNC_ERRORS, registry=registry),
+            _in_flight=Levels(in_flight),
+            _degraded=Gauge(*_DEGRADED, registry=registry, multiprocess_mode="livemax"),
             _tracers=tracers,
             exposition=registry,
         )
@@ -311,11 +310,11 @@ class Telemetry:
             self.exposition.register(collector)
 
     def watch(
-        self, stats: LiveStats, policy: Callable[[], CompiledPolicy], wall: Callable[[], float]
+        self, views: Views, policy: Callable[[], CompiledPolicy], wall: Callable[[], float]
     ) -> None:
         """Read the guardrail's states and estimates, and the pools' prices, at each scrape
         (guardrail states are shared between workers through the store)."""
-        self._collect(GuardrailStates(stats, self.slice_label, wall))
+        self._collect(GuardrailStates(views, self.slice_label, wall))
         self._collect(Prices(policy))
 
     def opened(self, pool: str, shadow: bool) -> None:
@@ -342,7 +341,7 @@ class Telemetry:
         if rate is not None:
             latency.acceptance.add(where, rate)
         for kind, result in outcome.checks:
-            self._structured(*where, kind, result).inc()
+            self._counters.structured(*where, kind, result).inc()
 
     def _phases(self, where: tuple[str, str, str], outcome: Outcome) -> None:
         add = self._latency.phase.add
@@ -404,25 +403,25 @@ class Telemetry:
 
     def failover(self, pool: str, result: str, served_by: str = "") -> None:
         """One request that left ``pool``, the pool its decision named."""
-        self._failovers(pool, result, served_by).inc()
+        self._counters.failovers(pool, result, served_by).inc()
 
     def upstream_failure(self, pool: str) -> None:
-        self._upstream_failures(pool).inc()
+        self._counters.upstream_failures(pool).inc()
 
     def rejected(self, pool: str, status: int) -> None:
-        self._rejections(pool, status).inc()
+        self._counters.rejections(pool, status).inc()
 
     def transition(self, t: Transition) -> None:
-        self._transitions(t.slice.split(" / ", 1)[0], t.before.phase, t.after.phase).inc()
+        self._counters.transitions(t.slice.split(" / ", 1)[0], t.before.phase, t.after.phase).inc()
 
     def reload(self, result: str) -> None:
-        self._reloads(result).inc()
+        self._counters.reloads(result).inc()
 
     def mirror(self, pool: str, result: str) -> None:
-        self._shadow(pool, result).inc()
+        self._counters.shadow(pool, result).inc()
 
     def error(self, status: int, code: str) -> None:
-        self._errors(status, code).inc()
+        self._counters.errors(status, code).inc()
 
     def sync_error(self) -> None:
         self._sync_errors.inc()

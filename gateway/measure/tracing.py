@@ -17,6 +17,8 @@ costs hundreds of microseconds per streamed request even with a no-op tracer (be
 "Tracing"); the upstream client is speclane's own. Without an exporter ``begin``
 hands out a shared do-nothing trace, which still relays a client's ``traceparent`` upstream
 unchanged, so the client's trace reaches vLLM even when speclane exports nothing.
+
+Explained for operators, with its numbers, in docs/observability.md ("Traces").
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 A request's decode (its tokens after the first, which is prefill) takes ``(T - 1) / E``
 engine steps on a pool, ``E`` = 1 on a standard pool and the expected tokens per step of
 Leviathan et al. at the request's true per-token acceptance on a speculative pool with k
-draft tokens. Each step costs the simulator's own ``CostModel`` step time at the load
-actually carried (the replay's mean requests in flight per endpoint over the whole ladder
-while the request ran), shared by that many sequences, times the pool's price per second
+draft tokens. Each step costs the replay's own step time (``Replay.cost``: the simulator's
+``CostModel`` unless another was given) at the load actually carried (the replay's mean
+requests in flight per endpoint over the whole ladder while the request ran) and the
+request's mean context, shared by that many sequences, times the pool's price per second
 (``cost_per_hour``; equal prices when a pool has none). Every way of routing is priced at
 the same load, so the comparison is about routing, not about how much hardware each way
 had: always-standard, always-speculative (the top rung), the best static pool per traffic
@@ -21,16 +22,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from backends.sim.model import CostModel, expected_tokens_per_step
+from backends.sim.model import CostModel, StepCost, expected_tokens_per_step
 from gateway.replay.run import Replay, Row
 
 
-def step_seconds(cost: CostModel, batch: float, k: int | None) -> float:
-    """One steady decode step of ``batch`` sequences (a float: a mean load)."""
-    if k is None:
-        return cost.target_fixed_s + cost.target_per_token_s * batch
-    target = cost.target_fixed_s + cost.target_per_token_s * batch * (k + 1)
-    return target + k * (cost.draft_fixed_s + cost.draft_per_seq_s * batch)
+def step_seconds(cost: StepCost, batch: float, k: int | None, context: float = 0.0) -> float:
+    """One steady decode step of ``batch`` sequences (a float: a mean load) of ``context``
+    cached tokens each (the GPU model reads them; the affine one ignores them)."""
+    return cost.decode_step_seconds(
+        batch=batch, k=k or 0, speculative=k is not None, context=context
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +40,14 @@ class Prices:
 
     k: Mapping[str, int | None]
     per_second: Mapping[str, float]
-    cost: CostModel = field(default_factory=CostModel)
+    cost: StepCost = field(default_factory=CostModel)
 
     def of(self, row: Row, pool: str) -> float:
         k = self.k[pool]
         per_step = 1.0 if k is None else expected_tokens_per_step(row.acceptance, k)
         steps = max(row.tokens - 1, 0) / per_step
-        return steps * step_seconds(self.cost, row.load, k) / row.load * self.per_second[pool]
+        step = step_seconds(self.cost, row.load, k, row.context)
+        return steps * step / row.load * self.per_second[pool]
 
 
 def prices(replay: Replay, cost_per_hour: Mapping[str, float | None]) -> Prices:
@@ -55,7 +57,7 @@ def prices(replay: Replay, cost_per_hour: Mapping[str, float | None]) -> Prices:
         p: (c / 3600.0 if all(g is not None for g in given) and c is not None else 1.0)
         for p, c in zip(pools, given, strict=True)
     }
-    return Prices(dict(zip(pools, replay.ladder.k, strict=True)), per_second)
+    return Prices(dict(zip(pools, replay.ladder.k, strict=True)), per_second, replay.cost)
 
 
 @dataclass(slots=True)

@@ -58,6 +58,7 @@ def summarise(replay: Replay, policy: CompiledPolicy) -> dict[str, Any]:
         "requests": sum(1 for r in replay.rows if not r.shadow),
         "mirrors": sum(1 for r in replay.rows if r.shadow),
         "probes": sum(1 for r in replay.rows if r.probe),
+        "skipped": dict(replay.skipped),
         "min_samples": skip,
         "cost": {
             "adaptive": total.adaptive,

@@ -8,8 +8,10 @@ request's arrival, from the guardrail state that the outcomes finished before it
 shadow mirrors run too (they load their pool and are measured, and cost what they cost).
 
 Every request is kept as a ``Row`` with what pricing needs: its true per-token acceptance,
-its tokens, the pool that served it, and the load actually carried while it ran (mean
-requests in flight per endpoint over the whole ladder).
+its tokens, its mean context while decoding (prompt plus half its answer), the pool that
+served it, and the load actually carried while it ran (mean requests in flight per endpoint
+over the whole ladder). The pools step on the replay's cost model (``cost``: the simulator's
+affine ``CostModel`` unless given), and pricing uses the same one.
 
 Pure apart from CPU: no I/O, no clock.
 """
@@ -27,8 +29,10 @@ import orjson
 
 from backends.sim.cluster import Cluster, Served
 from backends.sim.config import Mode, SimConfig
+from backends.sim.model import CostModel, StepCost
 from gateway import schema
 from gateway.classify import Defaults, classify
+from gateway.errors import ApiError
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
 from gateway.measure.livestats import LiveStats
 from gateway.measure.load import Smoothed
@@ -66,6 +70,7 @@ class Row:
     acceptance: float = 0.0
     load: float = 1.0
     measured: float | None = None
+    context: float = 0.0
 
 
 @dataclass(slots=True)
@@ -77,6 +82,8 @@ class Replay:
     endpoints: dict[str, int]
     rows: list[Row] = field(default_factory=list)
     events: list[Transition] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # logged requests left out, by why
+    cost: StepCost = field(default_factory=CostModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +108,7 @@ class _Pending:
 
 
 class _Driver:
-    def __init__(self, policy: CompiledPolicy, scenario: Scenario) -> None:
+    def __init__(self, policy: CompiledPolicy, scenario: Scenario, cost: StepCost) -> None:
         self.policy = policy
         self.scenario = scenario
         self.model = scenario.model or next(iter(policy.ladders))
@@ -109,8 +116,8 @@ class _Driver:
         if ladder is None:
             raise ValueError(f"the policy has no ladder for model {self.model}")
         self.ladder = ladder
-        self.cluster = Cluster(_configs(policy, ladder, scenario))
-        self.replay = Replay(scenario, ladder, dict(self.cluster.pools))
+        self.cluster = Cluster(_configs(policy, ladder, scenario, cost))
+        self.replay = Replay(scenario, ladder, dict(self.cluster.pools), cost=cost)
         self.load = Smoothed()
         self.stats = LiveStats(
             lambda: policy,
@@ -205,13 +212,23 @@ class _Driver:
     def _ask(self, now: float, ask: _Ask) -> None:
         index = next(self.ids)
         kind: schema.Kind = "chat" if ask.path == _PATH else "completion"
-        parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+        try:
+            parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+        except ApiError as exc:  # a log line edited by hand: the gateway logs valid ones
+            self._skip(f"not a valid request: {exc.message}")
+            return
         request_id = f"{self.scenario.name}-{index}"
         features = classify(parsed, ask.path, ask.headers, request_id, Defaults())
         decision = decide(features, self.policy, self.flags, self.stats.guards, now)
+        if decision.pool not in self.cluster.pools:  # a logged request for another model
+            self._skip(f"model {parsed.model!r} is not on the ladder replayed ({self.model})")
+            return
         self._submit(now, index, ask, decision, shadow=False)
         if decision.shadow_to is not None:
             self._submit(now, next(self.ids), ask, _mirror(decision), shadow=True)
+
+    def _skip(self, why: str) -> None:
+        self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
 
     def _submit(
         self, now: float, index: int, ask: _Ask, decision: Decision, *, shadow: bool
@@ -259,6 +276,7 @@ class _Driver:
         mean = (self.area - pending.area) / span if span > 0 else float(self.in_flight + 1)
         row.done = served.done
         row.tokens = served.completion_tokens
+        row.context = served.prompt_tokens + served.completion_tokens / 2
         row.acceptance = served.acceptance
         row.load = max(1.0, mean / self.n_endpoints)
         outcome = replace(_outcome(pending.labels, served), load=served.load)
@@ -328,7 +346,7 @@ def _chunk_times(served: Served) -> Iterator[float]:
 
 
 def _configs(
-    policy: CompiledPolicy, ladder: Ladder, scenario: Scenario
+    policy: CompiledPolicy, ladder: Ladder, scenario: Scenario, cost: StepCost
 ) -> dict[str, list[SimConfig]]:
     drift = scenario.drift_points()
     out: dict[str, list[SimConfig]] = {}
@@ -342,6 +360,8 @@ def _configs(
                 served_model_names=(ladder.model,),
                 seed=scenario.seed * 1000 + n * 10 + e,
                 max_num_seqs=scenario.max_num_seqs,
+                max_num_batched_tokens=scenario.max_num_batched_tokens,
+                cost=cost,
                 drift=drift,
             )
             for e in range(len(spec.endpoints))
@@ -373,8 +393,16 @@ def read_log(text: str) -> list[Logged]:
     return out
 
 
-def replay(policy: CompiledPolicy, scenario: Scenario, log: Sequence[Logged] = ()) -> Replay:
+def replay(
+    policy: CompiledPolicy,
+    scenario: Scenario,
+    log: Sequence[Logged] = (),
+    cost: StepCost | None = None,
+) -> Replay:
     """Run ``scenario`` against ``policy``; deterministic for the same inputs. With ``log``,
     its requests arrive at their recorded offsets instead of the scenario's traffic (the
-    scenario still gives the duration, phases and acceptance drift)."""
-    return _Driver(policy, scenario).run(log)
+    scenario still gives the duration, phases and acceptance drift); a logged request for a
+    model this ladder does not serve (the gateway answered it 404, or another ladder served
+    it) is left out and counted in ``Replay.skipped``. ``cost``: the pools' step-time model
+    (default: the simulator's affine ``CostModel``)."""
+    return _Driver(policy, scenario, cost or CostModel()).run(log)

@@ -5,7 +5,9 @@ drive a real-time runner in front of ``speclane sim`` pools: everything in it is
 as clients, request bodies and the simulator's own drift schedule (``Scenario.drift_arg``
 is the ``speclane sim --drift`` value). The format is documented in ``bench/scenarios/README.md``.
 
-Pure: parsing and generation only; no I/O beyond what the caller hands in, no clock.
+A file is read like a policy file (``policies/load.py``): any bytes give a scenario or
+errors that each carry their line and column. Pure: parsing and generation only; no I/O
+beyond what the caller hands in, no clock.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from backends.sim.model import DriftPoint
 from backends.sim.workload import CREATIVE_TEMPERATURE, Workload
+from policies.load import explain_errors, read
+from policies.problems import Problem, ordered
 
 
 class _Strict(BaseModel):
@@ -170,12 +174,15 @@ class Scenario(_Strict):
     traffic: Annotated[list[Traffic], Field(min_length=1)]
     acceptance: list[Drift] = []
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @model_validator(mode="after")
     def _names(self) -> Scenario:
         names = [t.name for t in self.traffic]
         if len(set(names)) != len(names):
             raise ValueError("traffic class names must be unique")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
         return self
 
     def drift_points(self) -> tuple[DriftPoint, ...]:
@@ -199,13 +206,24 @@ class Scenario(_Strict):
         return sorted(self.phases.items(), key=lambda item: item[1])
 
 
-def load_scenario(text: str) -> Scenario:
-    """Parse a scenario file's text; ``ValueError`` says what is wrong."""
+class ScenarioError(ValueError):
+    """A scenario file that cannot be used; one line per problem, each with its place in the
+    file (``FILE:LINE:COLUMN: error: PATH: MESSAGE``, as policy lint prints them)."""
+
+    def __init__(self, filename: str, problems: list[Problem]) -> None:
+        self.filename = filename
+        self.problems = problems
+        super().__init__("\n".join(p.render(filename) for p in problems))
+
+
+def load_scenario(data: str | bytes, filename: str = "<scenario>") -> Scenario:
+    """Parse a scenario file (any bytes: the policy file's reader, with its bounds); a
+    ``ScenarioError`` lists every problem with its line and column."""
+    got = read(data)
+    if got.problems or not isinstance(got.raw, dict):
+        raise ScenarioError(filename, ordered(got.problems))
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"not YAML: {exc}") from None
-    try:
-        return Scenario.model_validate(data)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+        return Scenario.model_validate(got.raw)
+    except ValidationError as exc:
+        problems = explain_errors(exc, got.raw, got.positions, Scenario)
+        raise ScenarioError(filename, ordered(problems)) from None

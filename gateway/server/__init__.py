@@ -1,2 +1,2 @@
-"""The HTTP surface: the app factory, the routes, the admin API, and steps 1 and 8 of a
-request (bytes in, SSE or JSON out)."""
+"""The HTTP surface: the app factory, the routes (step 1: bytes in) and the admin API. What
+goes upstream and comes back is ``gateway/forward/``'s."""

@@ -109,13 +109,17 @@ class Admin:
         token = self.services.settings.admin_token
         if token is None:
             raise ApiError(
-                403, "the admin API is disabled: set SPECLANE_ADMIN_TOKEN", code="admin_disabled"
+                status=403,
+                message="the admin API is disabled: set SPECLANE_ADMIN_TOKEN",
+                code="admin_disabled",
             )
         given = request.headers.get("authorization", "")
         if not given.startswith("Bearer "):
-            raise ApiError(401, "admin API: a bearer token is required", code="unauthorized")
+            raise ApiError(
+                status=401, message="admin API: a bearer token is required", code="unauthorized"
+            )
         if not hmac.compare_digest(given[7:].encode(), token.get_secret_value().encode()):
-            raise ApiError(403, "admin API: wrong token", code="forbidden")
+            raise ApiError(status=403, message="admin API: wrong token", code="forbidden")
 
     def _flags(self) -> dict[str, dict[str, Any]]:
         policy = self.services.policy.current
@@ -146,7 +150,9 @@ class Admin:
         name = request.path_params["name"]
         flag = self._flags().get(name)
         if flag is None:
-            raise ApiError(404, f"no flag {name!r}", param="name", code="flag_not_found")
+            raise ApiError(
+                status=404, message=f"no flag {name!r}", param="name", code="flag_not_found"
+            )
         return _json(flag)
 
     async def set_flag(self, request: Request) -> Response:
@@ -156,7 +162,7 @@ class Admin:
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             param = ".".join(str(p) for p in first["loc"]) or None
-            raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
+            raise ApiError(status=400, message=f"{param}: {first['msg']}", param=param) from None
         known = self._flags()
         if name not in known and not update.create:
             raise _unknown_flag(name, known)
@@ -172,7 +178,9 @@ class Admin:
             name, _actor(request), self.services.wall(), reason
         )
         if entry is None:
-            raise ApiError(404, f"flag {name!r} has no value set by ops", code="flag_not_set")
+            raise ApiError(
+                status=404, message=f"flag {name!r} has no value set by ops", code="flag_not_set"
+            )
         return _json({"deleted": name, "audit": audit_json(entry)})
 
     async def audit(self, request: Request) -> Response:
@@ -187,15 +195,15 @@ class Admin:
         return _json({"slices": slices, "events": events})
 
     async def stats(self, request: Request) -> Response:
-        stats = self.services.stats
-        pools = stats.pool_summary(self.services.clock())
+        views = self.services.stats.views
+        pools = views.pool_summary(self.services.clock())
         configured = self.services.policy.current.pools
         for name, entry in pools.items():
             if name in configured:  # which signal the engine offers, and which outcomes gave
                 entry.update(
                     describe(configured[name]), signals_seen=self.services.signals.of(name)
                 )
-        return _json({"slices": stats.summary(self.services.wall()), "pools": pools})
+        return _json({"slices": views.summary(self.services.wall()), "pools": pools})
 
     async def policy(self, request: Request) -> Response:
         holder = self.services.policy
@@ -221,9 +229,13 @@ class Admin:
         try:
             after = float(since)
         except ValueError:
-            raise ApiError(400, "since must be a number of seconds", param="since") from None
+            raise ApiError(
+                status=400, message="since must be a number of seconds", param="since"
+            ) from None
         if after != after or after in (float("inf"), float("-inf")):
-            raise ApiError(400, "since must be a finite number of seconds", param="since")
+            raise ApiError(
+                status=400, message="since must be a finite number of seconds", param="since"
+            )
         limit = _limit(request, 1) if "limit" in request.query_params else None
         records = self.services.outcomes.recent(after, limit)
         return _json({"outcomes": records, "now": self.services.wall()})
@@ -240,14 +252,18 @@ def _limit(request: Request, default: int) -> int:
     if given is None:
         return default
     if not (given.isascii() and given.isdigit()) or not given.strip("0"):
-        raise ApiError(400, "limit must be a whole number of at least 1", param="limit")
+        raise ApiError(
+            status=400, message="limit must be a whole number of at least 1", param="limit"
+        )
     return _MAX_LIMIT if len(given) > 6 else min(int(given), _MAX_LIMIT)
 
 
 def _flag_name(request: Request) -> str:
     name: str = request.path_params["name"]
     if not _FLAG_NAME.match(name):
-        raise ApiError(400, "a flag name is 1-64 letters, digits, or _ . : -", param="name")
+        raise ApiError(
+            status=400, message="a flag name is 1-64 letters, digits, or _ . : -", param="name"
+        )
     return name
 
 
@@ -257,8 +273,8 @@ def _unknown_flag(name: str, known: Mapping[str, object]) -> ApiError:
     close = difflib.get_close_matches(name, list(known), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return ApiError(
-        404,
-        f"no flag {name!r}: no rule or policy uses it, so setting it would change nothing."
+        status=404,
+        message=f"no flag {name!r}: no rule or policy uses it, so setting it would change nothing."
         f'{hint} Send "create": true (speclane flags set --create) to create it anyway.',
         param="name",
         code="flag_not_found",

@@ -3,6 +3,7 @@
     GET  /admin/policy/source    running text, version, last reload, the file on disk
     POST /admin/policy/lint      {"text"} -> every problem, placed (line, column)
     POST /admin/policy/explain   {"request", "endpoint", "headers", "draft"} -> the decision
+                                 ("endpoint": a short name or a path, gateway/endpoints.py)
                                  under the running policy and under the draft, side by side
     POST /admin/policy/apply     {"text", "base_version", "reason", "dry_run"}
 
@@ -23,7 +24,7 @@ import difflib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import schema
+from gateway import endpoints, schema
 from gateway.classify import Defaults, classify
 from gateway.errors import JSON, ApiError
 from gateway.lifecycle import reload_policy
@@ -41,7 +42,6 @@ from gateway.state.policyfile import version_of
 from gateway.state.policywrite import PolicyReadOnly, replace_text, unwritable
 from policies.compiled import CompiledPolicy, load_policy
 from policies.explain import explain
-from policies.features import Endpoint
 from policies.flags import FlagValue, merged
 from policies.lint import lint
 from policies.problems import PolicyError, Problem, dotted
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 Model = TypeVar("Model", bound=BaseModel)
 MAX_DRAFT_BYTES = 1024 * 1024
-_ENDPOINTS = {"chat": Endpoint.CHAT, "completions": Endpoint.COMPLETIONS}
 Text = Annotated[str, Field(max_length=MAX_DRAFT_BYTES)]
 
 
@@ -64,7 +63,7 @@ class LintBody(_Body):
 
 class ExplainBody(_Body):
     request: dict[str, Any]
-    endpoint: Literal["chat", "completions"] = "chat"
+    endpoint: Annotated[str, Field(max_length=100)] = "chat"  # a short name or a path
     headers: dict[str, Annotated[str, Field(max_length=1000)]] = {}
     draft: Text | None = None
 
@@ -163,7 +162,15 @@ class PolicyDrafts:
         change = f"{disk['version']} -> {answer['version']}"
         if not result.changed:
             change += " (written; the reload refused it: " + "; ".join(result.errors)[:300] + ")"
-        entry = AuditEntry(self.services.wall(), who, POLICY, None, None, body.reason, change)
+        entry = AuditEntry(
+            at=self.services.wall(),
+            who=who,
+            flag=POLICY,
+            old=None,
+            new=None,
+            reason=body.reason,
+            policy=change,
+        )
         await self.services.state.note(entry)
         log.warning(
             "policy %s applied by %s (was %s): %s",
@@ -187,18 +194,21 @@ class PolicyDrafts:
     def _refusal(self, body: ApplyBody, failed: bool, on_disk: str | None) -> ApiError | None:
         blocked = self._blocked()
         if blocked is not None and not self.services.settings.policy_apply:
-            return ApiError(403, blocked, code="policy_apply_disabled")
+            return ApiError(status=403, message=blocked, code="policy_apply_disabled")
         if blocked is not None:
             return _read_only(blocked)
         if failed:
             return ApiError(
-                422, "the draft has errors: lint it", param="text", code="policy_invalid"
+                status=422,
+                message="the draft has errors: lint it",
+                param="text",
+                code="policy_invalid",
             )
         if body.base_version is not None and body.base_version != on_disk:
             return ApiError(
-                409,
-                f"the policy file changed since the draft was taken (now {on_disk}, draft based "
-                f"on {body.base_version}): review the difference and apply again",
+                status=409,
+                message=f"the policy file changed since the draft was taken (now {on_disk}, "
+                f"draft based on {body.base_version}): review the difference and apply again",
                 param="base_version",
                 code="policy_changed",
             )
@@ -207,8 +217,8 @@ class PolicyDrafts:
 
 def _read_only(why: str) -> ApiError:
     return ApiError(
-        409,
-        f"the policy file cannot be written here: {why}. Apply the draft where the file "
+        status=409,
+        message=f"the policy file cannot be written here: {why}. Apply the draft where the file "
         "comes from (for a ConfigMap: kubectl apply); the gateway reloads it when it changes",
         code="policy_read_only",
     )
@@ -220,17 +230,20 @@ def _explained(
     overrides: Mapping[str, FlagValue],
     defaults: Defaults,
 ) -> dict[str, Any]:
-    path = _ENDPOINTS[body.endpoint].value
+    try:
+        api = endpoints.named(body.endpoint)
+    except ValueError as exc:
+        raise ApiError(status=400, message=str(exc), param="endpoint") from None
     headers = {k.lower(): v for k, v in body.headers.items()}
     try:
-        parsed, _ = schema.parse(
-            orjson.dumps(body.request), "chat" if body.endpoint == "chat" else "completion"
-        )
+        parsed, _ = schema.parse(orjson.dumps(body.request), api.kind)
     except ApiError as exc:
         raise ApiError(
-            400, f"request: {exc.message}", param=f"request.{exc.param or ''}".rstrip(".")
+            status=400,
+            message=f"request: {exc.message}",
+            param=f"request.{exc.param or ''}".rstrip("."),
         ) from None
-    features = classify(parsed, path, headers, "explain", defaults)
+    features = classify(parsed, api.path.value, headers, "explain", defaults)
     out: dict[str, Any] = {
         "running": explain(features, running, merged(running.file.flags, overrides)).as_json()
     }
@@ -284,13 +297,13 @@ async def _parsed(request: Request, model: type[Model]) -> Model:
     async for chunk in request.stream():
         body += chunk
         if len(body) > 2 * MAX_DRAFT_BYTES:
-            raise ApiError(413, "the body is too large", code="body_too_large")
+            raise ApiError(status=413, message="the body is too large", code="body_too_large")
     try:
         return model.model_validate_json(bytes(body))
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
+        raise ApiError(status=400, message=f"{param}: {first['msg']}", param=param) from None
 
 
 def _json(body: object, status: int = 200) -> Response:

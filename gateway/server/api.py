@@ -12,8 +12,8 @@ from starlette.responses import Response
 
 from gateway import pipeline
 from gateway.errors import JSON
+from gateway.forward.respond import SSEResponse
 from gateway.server.health import pool_health
-from gateway.server.respond import SSEResponse
 from gateway.services import Services
 
 

@@ -1,12 +1,9 @@
-"""The app factory: wiring only. Builds the services, the routes, the error handlers and the
-lifespan that starts and stops the background work."""
+"""The app factory: wiring only. Builds the services, the routes and the error handlers;
+the lifespan runs ``gateway/lifespan.py``'s steps."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -25,37 +22,34 @@ from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
 from gateway.errors import ApiError, api_error_handler, internal_error
+from gateway.forward.passthrough import PerRequestReports
+from gateway.forward.shadow import ShadowLimits, ShadowRunner
+from gateway.gate import Gate
 from gateway.identity import Identity
-from gateway.lifecycle import (
-    discover,
-    policy_changed,
-    pool_specs,
-    tick,
-    watch_policy,
-)
-from gateway.measure.acceptance import Outcome
+from gateway.lifecycle import policy_changed, pool_specs
+from gateway.lifespan import running
+from gateway.measure.canary import Canary, CanaryLimits
 from gateway.measure.checks import Checks
+from gateway.measure.feedback import Feedback
 from gateway.measure.livestats import LiveStats
-from gateway.measure.load import LoadMeter, loaded_outcome
+from gateway.measure.load import LoadMeter
 from gateway.measure.loadscrape import LoadScraper
 from gateway.measure.outcomelog import OutcomeLog
 from gateway.measure.requestlog import RequestLog
 from gateway.measure.scrape import PoolScraper
-from gateway.measure.shadow import CanaryCounts, CanaryLimits, ShadowLimits, ShadowRunner
 from gateway.measure.signals import SignalsSeen
 from gateway.measure.telemetry import Telemetry
 from gateway.server.admin import Admin
 from gateway.server.api import Api
-from gateway.server.console.routes import console_routes
+from gateway.server.console.routes import console_off_routes, console_routes
 from gateway.server.fastlane import FastLane
-from gateway.server.gate import Gate
-from gateway.server.passthrough import PerRequestReports
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore
 from gateway.state.memory import MemoryState, SharedState
 from gateway.state.policyfile import PolicyHolder
 from gateway.state.redis_store import RedisState
+from policies.compiled import CompiledPolicy
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +64,16 @@ def build_services(
 ) -> Services:
     """``tracers``, when given, is where spans go instead of ``settings.otlp_endpoint``."""
     holder = policy or PolicyHolder.from_file(settings.policy)
+    current = holder.get
     upstream = Upstream(
         max_connections=settings.upstream_max_connections,
         keepalive_s=settings.upstream_keepalive_s,
     )
-    shared = settings.metrics_dir if settings.several_workers else None
     telemetry = Telemetry.build(
-        settings.otlp_endpoint, tracers, shared=shared, max_slices=settings.metrics_max_slices
+        settings.otlp_endpoint,
+        tracers,
+        shared=settings.metrics_dir if settings.several_workers else None,
+        max_slices=settings.metrics_max_slices,
     )
     flags = FlagStore(holder.current)
     identity = Identity(settings.trusted_tenant_header, settings.require_api_key)
@@ -88,63 +85,13 @@ def build_services(
         outlier=outlier_rules(settings),
         tries_per_pool=settings.tries_per_pool,
     )
-    load = LoadMeter(
-        lambda: {
-            name: [(e.url, e.outstanding, e.load.area()) for e in endpoints]
-            for name, endpoints in pools.endpoints.items()
-        },
-        lambda: {model: ladder.pools for model, ladder in holder.current.ladders.items()},
-        gauge_fresh_s=1.5 * settings.scrape_interval_s,
+    load = _load_meter(settings, pools, current)
+    stats = LiveStats(current, on_transition=telemetry.transition, load=load.ladder)
+    feedback = Feedback(
+        stats, telemetry, SignalsSeen(), _outcome_log(settings, current), load, wall
     )
-    stats = LiveStats(
-        lambda: holder.current,
-        on_transition=telemetry.transition,
-        load=load.ladder,
-    )
-
-    signals = SignalsSeen()
-
-    def price(pool: str) -> float | None:
-        found = holder.current.pools.get(pool)
-        return None if found is None else found.cost_per_hour
-
-    outcomes = OutcomeLog(
-        price,
-        keep=settings.outcome_records,
-        path=settings.outcome_log,
-        max_bytes=int(settings.outcome_log_max_mb * 1024 * 1024),
-    )
-
-    def record(outcome: Outcome) -> None:
-        loaded = loaded_outcome(load, outcome)
-        now = wall()
-        stats.record(loaded, now)
-        telemetry.observe(loaded)
-        signals.record(loaded)
-        outcomes.add(loaded, now)
-
-    def alarm(slice_key: str, counts: CanaryCounts) -> None:
-        rate = counts.matched / counts.compared
-        numbers = {"compared": float(counts.compared), "exact_match_rate": rate}
-        reason = f"canary: greedy output differs on speculation (exact match {rate:.1%})"
-        stats.alarm(slice_key, reason, numbers, wall())
-
-    shadow = ShadowRunner(
-        pools,
-        clock,
-        record,
-        telemetry,
-        ShadowLimits(
-            settings.shadow_max_concurrency,
-            settings.shadow_tokens_per_minute,
-            settings.shadow_max_outstanding,
-            settings.shadow_timeout_s,
-        ),
-        CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples),
-        alarm,
-        load.prefill,
-    )
-    state = _state(settings, flags, stats, holder, telemetry, wall)
+    checks = Checks(feedback.record)
+    state = _state(settings, flags, stats, current, telemetry, wall)
     services = Services(
         settings=settings,
         clock=clock,
@@ -156,48 +103,95 @@ def build_services(
         upstream=upstream,
         pools=pools,
         telemetry=telemetry,
-        shadow=shadow,
-        record=record,
-        signals=signals,
-        scraper=PoolScraper(
-            pools,
-            upstream,
-            stats,
-            wall,
-            telemetry.pool_acceptance,
-            # a reading stands for the last six scrapes, and never less than a minute
-            window_s=max(60.0, 6 * settings.scrape_interval_s),
-            drain=state.drained,
-        ),
+        shadow=_shadow(settings, pools, clock, checks, telemetry, feedback),
+        feedback=feedback,
+        scraper=_scraper(settings, pools, upstream, stats, wall, telemetry, state),
         defaults=Defaults(
             settings.default_temperature,
             settings.default_top_p,
             endpoint_header=settings.endpoint_header.lower(),
         ),
         identity=identity,
-        gate=Gate(
-            identity,
-            lambda: holder.current,
-            settings.max_requests,
-            settings.max_requests_per_tenant,
-        ),
+        gate=Gate(identity, current, settings.max_requests, settings.max_requests_per_tenant),
         reports=PerRequestReports(),
         load=load,
-        checks=Checks(record),
-        outcomes=outcomes,
+        checks=checks,
         load_scraper=LoadScraper(pools, upstream, load, clock),
-        request_log=(
-            RequestLog(
-                settings.request_log,
-                (settings.endpoint_header.lower(), Defaults().tenant_header),
-            )
-            if settings.request_log
-            else None
-        ),
+        request_log=_request_log(settings),
     )
-    telemetry.watch(stats, lambda: holder.current, wall)
+    telemetry.watch(stats.views, current, wall)
     holder.subscribe(lambda new: policy_changed(services, new))
     return services
+
+
+def _load_meter(
+    settings: Settings, pools: Pools, policy: Callable[[], CompiledPolicy]
+) -> LoadMeter:
+    return LoadMeter(
+        lambda: {
+            name: [(e.url, e.outstanding, e.load.area()) for e in endpoints]
+            for name, endpoints in pools.endpoints.items()
+        },
+        lambda: {model: ladder.pools for model, ladder in policy().ladders.items()},
+        gauge_fresh_s=1.5 * settings.scrape_interval_s,
+    )
+
+
+def _outcome_log(settings: Settings, policy: Callable[[], CompiledPolicy]) -> OutcomeLog:
+    return OutcomeLog(
+        lambda pool: policy().price(pool),
+        keep=settings.outcome_records,
+        path=settings.outcome_log,
+        max_bytes=int(settings.outcome_log_max_mb * 1024 * 1024),
+    )
+
+
+def _shadow(
+    settings: Settings,
+    pools: Pools,
+    clock: Callable[[], float],
+    checks: Checks,
+    telemetry: Telemetry,
+    feedback: Feedback,
+) -> ShadowRunner:
+    limits = ShadowLimits(
+        settings.shadow_max_concurrency,
+        settings.shadow_tokens_per_minute,
+        settings.shadow_max_outstanding,
+        settings.shadow_timeout_s,
+    )
+    canary = CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples)
+    alarm = Canary(telemetry, canary, feedback.canary_failed)
+    return ShadowRunner(pools, clock, checks, telemetry, limits, alarm, feedback.prefilled)
+
+
+def _scraper(
+    settings: Settings,
+    pools: Pools,
+    upstream: Upstream,
+    stats: LiveStats,
+    wall: Callable[[], float],
+    telemetry: Telemetry,
+    state: SharedState,
+) -> PoolScraper:
+    return PoolScraper(
+        pools,
+        upstream,
+        stats,
+        wall,
+        telemetry.pool_acceptance,
+        # a reading stands for the last six scrapes, and never less than a minute
+        window_s=max(60.0, 6 * settings.scrape_interval_s),
+        drain=state.drained,
+    )
+
+
+def _request_log(settings: Settings) -> RequestLog | None:
+    if not settings.request_log:
+        return None
+    return RequestLog(
+        settings.request_log, (settings.endpoint_header.lower(), Defaults().tenant_header)
+    )
 
 
 def outlier_rules(settings: Settings) -> OutlierRules:
@@ -216,18 +210,18 @@ def _state(
     settings: Settings,
     flags: FlagStore,
     stats: LiveStats,
-    holder: PolicyHolder,
+    policy: Callable[[], CompiledPolicy],
     telemetry: Telemetry,
     wall: Callable[[], float],
 ) -> SharedState:
     if settings.redis_url is None:
-        return MemoryState(flags, stats)
+        return MemoryState(flags, stats.replica)
     return RedisState(
         settings.redis_url,
         settings.namespace,
         flags,
-        stats,
-        lambda: holder.current,
+        stats.replica,
+        policy,
         telemetry,
         wall,
         interval_s=settings.sync_interval_s,
@@ -242,43 +236,8 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await services.upstream.start()
-        await services.state.start()
-        tasks = [
-            asyncio.create_task(watch_policy(services), name="policy-watch"),
-            asyncio.create_task(tick(services), name="guardrail-tick"),
-            asyncio.create_task(discover(services), name="endpoint-discovery"),
-            asyncio.create_task(
-                services.scraper.run(settings.scrape_interval_s), name="pool-scrape"
-            ),
-            asyncio.create_task(services.load.run(services.clock, 0.25), name="load-meter"),
-            asyncio.create_task(services.outcomes.run(), name="outcome-log"),
-            asyncio.create_task(services.telemetry.run(), name="metrics-push"),
-        ]
-        if services.load_scraper is not None:
-            gauges = services.load_scraper.run(settings.scrape_interval_s)
-            tasks.append(asyncio.create_task(gauges, name="load-gauges"))
-        if services.request_log is not None:
-            tasks.append(asyncio.create_task(services.request_log.run(), name="request-log"))
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, services.policy.requested.set)
-        try:
+        async with running(services):
             yield
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(signal.SIGHUP)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if services.request_log is not None:
-                services.request_log.flush()
-            await services.shadow.close()
-            await services.checks.close()
-            services.outcomes.flush()  # what the drained mirrors and checks recorded
-            await services.state.close()
-            await services.upstream.close()
-            services.telemetry.shutdown()
 
     async def metrics(request: Request) -> Response:
         services.telemetry.push()
@@ -297,6 +256,8 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     ]
     if settings.admin_token is not None and settings.console:
         routes += console_routes()
+    else:
+        routes += console_off_routes(admin_api=settings.admin_token is not None)
     on_api_error = _counted(services.telemetry)
     app = Starlette(
         routes=routes,
@@ -312,9 +273,13 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
 
 
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """Errors of the OpenAI routes are counted; the admin API's (a wrong token, an unknown
+    flag) and the console's are the operator's, not the clients'."""
+
     async def handler(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        telemetry.error(exc.status, exc.code or exc.type)
+        if request.scope["path"].startswith("/v1/"):
+            telemetry.error(exc.status, exc.code or exc.type)
         return await api_error_handler(request, exc)
 
     return handler
@@ -323,7 +288,9 @@ def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[R
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-    return ApiError(exc.status_code, str(exc.detail), kind).response(dict(exc.headers or {}))
+    return ApiError(status=exc.status_code, message=str(exc.detail), type=kind).response(
+        dict(exc.headers or {})
+    )
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -16,6 +16,8 @@ it buffers a header of any size, and an idle or trickling connection is kept for
 
 Idle keep-alive connections are closed by uvicorn (``timeout_keep_alive``). Every refusal is
 OpenAI-shaped JSON with ``Connection: close``. This module knows nothing of routes or requests.
+
+Explained for operators, with its numbers, in docs/operations.md ("Hostile connections").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Step 1 for the two hot endpoints: ``POST /v1/chat/completions`` and ``/v1/completions``
 go straight to their handlers, past Starlette's middleware stack and route matching, which
 cost ~50 us a request under load (bench/RESULTS.md); every other request goes to the
-Starlette app. Each hot request passes the gate first (``gateway/server/gate.py``: caller,
+Starlette app. Each hot request passes the gate first (``gateway/gate.py``: caller,
 places in flight) and gives its place back once its answer is sent. Errors are rendered by
 the same handlers the app uses.
 """
@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import ApiError, internal_error
+from gateway.gate import Gate
 from gateway.identity import remember
-from gateway.server.gate import Gate
 
 log = logging.getLogger(__name__)
 

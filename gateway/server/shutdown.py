@@ -8,6 +8,8 @@ uvicorn drains: idle connections are closed, answers in flight (streams included
 SIGINT (an operator at a terminal) skips the delay; a second signal skips it too.
 
 Must not: decide anything about requests; the gate does that.
+
+Explained for operators, with its numbers, in docs/operations.md ("Stopping").
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from types import FrameType
 
 import uvicorn
 
-from gateway.server.gate import Gate
+from gateway.gate import Gate
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from policies.compiled import CompiledPolicy
 from policies.flags import FlagValue, merged
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AuditEntry:
     """One change by ops: a flag's value (``old`` -> ``new``), or, with ``policy`` set, a
     policy applied through the admin API (``flag`` is then ``POLICY``, ``policy`` says
@@ -49,7 +49,9 @@ class FlagStore:
         self._rebuild()
 
     def set(self, name: str, value: FlagValue, who: str, at: float, reason: str = "") -> AuditEntry:
-        entry = AuditEntry(at, who, name, self.overrides.get(name), value, reason)
+        entry = AuditEntry(
+            at=at, who=who, flag=name, old=self.overrides.get(name), new=value, reason=reason
+        )
         self.overrides[name] = value
         self.audit.append(entry)
         self._rebuild()
@@ -59,7 +61,7 @@ class FlagStore:
         old = self.overrides.pop(name, None)
         if old is None:
             return None
-        entry = AuditEntry(at, who, name, old, None, reason)
+        entry = AuditEntry(at=at, who=who, flag=name, old=old, new=None, reason=reason)
         self.audit.append(entry)
         self._rebuild()
         return entry

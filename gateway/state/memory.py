@@ -1,9 +1,10 @@
 """Shared state: flags (with their audit log) and guardrail states, as one seam.
 
 ``MemoryState`` is the embedded default: one process, nothing to set up. ``RedisState``
-(``gateway/state/redis_store.py``) shares the same things between replicas. The request path never
-calls these: it reads ``FlagStore.values`` and ``LiveStats.guards``, which the state keeps
-current. Only the admin API and the background sync call in.
+(``gateway/state/redis_store.py``) shares the same things between replicas. The request path
+never calls these: it reads ``FlagStore.values`` and ``LiveStats.guards``, which the state
+keeps current through the replica protocol (``gateway/measure/replica.py``). Only the admin
+API and the background sync call in.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gateway.measure.engine_scrape import tallied
-from gateway.measure.livestats import LiveStats
+from gateway.measure.replica import Replica
 from gateway.state.flagstore import AuditEntry, FlagStore
 from policies.flags import FlagValue
 from policies.guardrail import SliceState, Transition
@@ -76,9 +77,9 @@ class SharedState(Protocol):
 class MemoryState:
     """Flags and audit kept in this process only."""
 
-    def __init__(self, flags: FlagStore, stats: LiveStats) -> None:
+    def __init__(self, flags: FlagStore, replica: Replica) -> None:
         self._flags = flags
-        self._stats = stats
+        self._replica = replica
         self._drained: dict[str, dict[str, float]] = {}
 
     async def drained(
@@ -108,7 +109,7 @@ class MemoryState:
         self._flags.note(entry)
 
     async def events(self, limit: int) -> list[dict[str, Any]]:
-        return [transition_json(t) for t in list(self._stats.events)[-limit:]]
+        return [transition_json(t) for t in list(self._replica.events)[-limit:]]
 
     def status(self) -> dict[str, object]:
         return {"store": "memory", "degraded": False}

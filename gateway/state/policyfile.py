@@ -91,6 +91,10 @@ class PolicyHolder:
         policy, text = load_policy_file(path)
         return cls(path, policy, text=text)
 
+    def get(self) -> CompiledPolicy:
+        """The current policy: what those that read it each time they need it are given."""
+        return self.current
+
     def subscribe(self, on_change: Callable[[CompiledPolicy], None]) -> None:
         self._on_change = on_change
 

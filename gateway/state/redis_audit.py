@@ -64,7 +64,15 @@ def audit_from_json(raw: bytes | str) -> AuditEntry:
     old = flag_from_json(orjson.dumps(d["old"])) if d.get("old") else None
     new = flag_from_json(orjson.dumps(d["new"])) if d.get("new") else None
     policy = str(d.get("policy") or "")
-    return AuditEntry(d["at"], d["who"], d["flag"], old, new, d.get("reason", ""), policy)
+    return AuditEntry(
+        at=d["at"],
+        who=d["who"],
+        flag=d["flag"],
+        old=old,
+        new=new,
+        reason=d.get("reason", ""),
+        policy=policy,
+    )
 
 
 class SharedAudit:

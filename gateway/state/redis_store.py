@@ -25,6 +25,8 @@ Redis down: every failure marks the store degraded (``/readyz`` detail, a metric
 replica keeps serving on its last snapshot and local windows, applies its own transitions,
 and keeps trying; when Redis answers again, it pushes what it holds and pulls the rest.
 Keys expire: windows after twice their span, guardrail states after ``guard_ttl_s`` idle.
+
+Explained for operators, with its numbers, in docs/operations.md ("Several replicas: Redis").
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.measure.engine_scrape import tallied
-from gateway.measure.livestats import LiveStats
+from gateway.measure.replica import Replica
 from gateway.measure.slicerecord import Increment
 from gateway.measure.telemetry import Telemetry
 from gateway.measure.windows import Counts
@@ -127,7 +129,7 @@ class RedisState:
         url: str,
         namespace: str,
         flags: FlagStore,
-        stats: LiveStats,
+        replica: Replica,
         policy: Callable[[], CompiledPolicy],
         telemetry: Telemetry,
         wall: Callable[[], float],
@@ -146,7 +148,7 @@ class RedisState:
         )
         self._ns = namespace
         self._flags = flags
-        self._stats = stats
+        self._replica = replica
         self._policy = policy
         self._telemetry = telemetry
         self._wall = wall
@@ -284,7 +286,7 @@ class RedisState:
 
     async def sync(self) -> None:
         """One round: re-seed if needed, push, agree on transitions, pull."""
-        increments = self._stats.drain()
+        increments = self._replica.drain()
         try:
             await self._reseed_if_empty()
             await self._push_flags()
@@ -292,13 +294,13 @@ class RedisState:
             await self._push_increments(increments)
             await self._pull()
         except (RedisError, OSError) as exc:
-            self._stats.restore(increments)
+            self._replica.restore(increments)
             self._failed(exc)
             return
         if self.degraded:
             log.info("shared state: Redis is back")
         self.degraded = False
-        self._stats.shared = True
+        self._replica.reachable(True)
         self._telemetry.set_degraded(False)
         self.last_sync = self._wall()
 
@@ -307,9 +309,7 @@ class RedisState:
             log.warning("shared state: Redis unreachable, serving on local state: %s", exc)
         self.degraded = True
         self.last_error = f"{type(exc).__name__}: {exc}"
-        self._stats.shared = False
-        for key, transition in self._stats.take_proposals().items():
-            self._stats.apply(key, transition)
+        self._replica.reachable(False)
         self._telemetry.set_degraded(True)
         self._telemetry.sync_error()
 
@@ -320,28 +320,27 @@ class RedisState:
         for name, value in self._flags.overrides.items():
             pipe.hsetnx(self._key("flags"), name, flag_to_json(value))
         now = self._wall()
-        for key, model, rule, state in self._stats.states():
+        for kept in self._replica.states():
             pipe.set(
-                self._key("guard", key),
-                _state_json(model, rule, state),
+                self._key("guard", kept.slice),
+                _state_json(kept.model, kept.rule, kept.state),
                 nx=True,
                 ex=int(self._guard_ttl_s),
             )
-            pipe.zadd(self._key("guards"), {key: now})
+            pipe.zadd(self._key("guards"), {kept.slice: now})
         self._audit.reseed(pipe)
         await pipe.execute()
 
     async def _commit_proposals(self) -> None:
-        for key, t in self._stats.take_proposals().items():
-            found = self._stats.slice_labels(key)
-            if found is None:
+        for key, t in self._replica.take_proposals().items():
+            kept = self._replica.kept(key)
+            if kept is None:
                 continue
-            model, rule = found
             result = await self._cas(
                 keys=[self._key("guard", key), self._key("guards"), self._key("events")],
                 args=[
                     t.before.version,
-                    _state_json(model, rule, t.after),
+                    _state_json(kept.model, kept.rule, t.after),
                     int(self._guard_ttl_s),
                     self._wall(),
                     key,
@@ -350,12 +349,12 @@ class RedisState:
                 ],
             )
             if result == b"ok":
-                self._stats.apply(key, t)
+                self._replica.apply(key, t)
             elif result:
                 remote_model, remote_rule, state = _state_from(result)
-                self._stats.adopt(key, remote_model, remote_rule, state, self._wall())
+                self._replica.adopt(key, remote_model, remote_rule, state, self._wall())
             else:
-                self._stats.abandon(key)
+                self._replica.abandon(key)
 
     async def _push_increments(self, increments: list[Increment]) -> None:
         if not increments:
@@ -389,23 +388,23 @@ class RedisState:
             for key, value in zip(guard_keys, raw, strict=True):
                 if value:
                     model, rule, state = _state_from(value)
-                    self._stats.adopt(key.decode(), model, rule, state, now)
+                    self._replica.adopt(key.decode(), model, rule, state, now)
         await self._audit.refresh(self._redis)
         await self._pull_windows(policy, now)
 
     async def _pull_windows(self, policy: CompiledPolicy, now: float) -> None:
         wanted: list[tuple[str, int, str]] = []
-        for key, model, _rule, epoch, _pools in self._stats.active(now - 300):
-            ladder = policy.ladders.get(model)
+        for active in self._replica.active(now - 300):
+            ladder = policy.ladders.get(active.model)
             for pool in ladder.pools if ladder else ():
-                wanted.append((key, epoch, pool))
+                wanted.append((active.slice, active.epoch, pool))
         if not wanted:
             return
         pipe = self._redis.pipeline(transaction=False)
         for key, epoch, pool in wanted:
             pipe.hgetall(self._key("w", key, epoch, pool))
         for (key, epoch, pool), fields in zip(wanted, await pipe.execute(), strict=True):
-            self._stats.merge_remote(key, epoch, pool, _buckets(fields))
+            self._replica.merge_remote(key, epoch, pool, _buckets(fields))
 
     async def drained(
         self, key: str, add: dict[str, float], first: int | None, last: int | None
@@ -431,12 +430,12 @@ class RedisState:
     async def events(self, limit: int) -> list[dict[str, Any]]:
         """The guardrail events every replica agreed on, oldest first."""
         if self.degraded:
-            return [transition_json(t) for t in list(self._stats.events)[-limit:]]
+            return [transition_json(t) for t in list(self._replica.events)[-limit:]]
         try:
             raw = await self._redis.lrange(self._key("events"), 0, limit - 1)
         except (RedisError, OSError) as exc:
             self._failed(exc)
-            return [transition_json(t) for t in list(self._stats.events)[-limit:]]
+            return [transition_json(t) for t in list(self._replica.events)[-limit:]]
         return [orjson.loads(r) for r in reversed(raw)]
 
 

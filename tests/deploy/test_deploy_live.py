@@ -96,7 +96,7 @@ async def drive(client: httpx.AsyncClient, spec: str, services: Services) -> Non
     await client.post(spec + "/sim/control", json={"faults": {"die_rate": 0.0}})
     await chat(client, 0.2, 400, logprobs=True, top_logprobs=50)  # vLLM refuses it
     await chat(client, 0.2, 400, n="two")  # speclane refuses it
-    (key,) = [k for k in services.stats.summary(time.time()) if k.startswith("default")]
+    (key,) = [k for k in services.stats.views.summary(time.time()) if k.startswith("default")]
     # the shadow canary's alarm moves the slice down: a guardrail transition
     services.stats.alarm(key, "canary: greedy output differs", {}, time.time())
     reload = await client.post("/admin/policy/reload", headers={"authorization": f"Bearer {TOKEN}"})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 
 import httpx
 import pytest
@@ -52,6 +54,22 @@ async def test_admin_refuses_missing_and_wrong_tokens(tmp_path):
     assert ok.status_code == 200
     names = {f["name"] for f in ok.json()["flags"]}
     assert names == {"speculation", "spec-json"}
+
+
+async def test_the_admin_api_s_errors_are_not_counted_as_the_api_s(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        unknown_flag = await c.get(url + "/admin/flags/no-such-flag", headers=AUTH)
+        wrong = await c.get(url + "/admin/flags", headers={"authorization": "Bearer nope"})
+        unknown_model = await c.post(url + "/v1/chat/completions", json={**CHAT, "model": "x"})
+        metrics = (await c.get(url + "/metrics")).text
+    statuses = (unknown_flag.status_code, wrong.status_code, unknown_model.status_code)
+    assert statuses == (404, 403, 404)
+    counted = [x for x in metrics.splitlines() if x.startswith("speclane_request_errors_total")]
+    assert counted == ['speclane_request_errors_total{code="model_not_found",status="404"} 1.0']
 
 
 async def test_admin_is_disabled_without_a_token(tmp_path):
@@ -204,6 +222,30 @@ async def test_flags_cli_takes_options_after_the_sub_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "speculation\ton\t" in out  # piped: one tab-separated line per flag, never cut
     assert '"name": "spec-json"' in out
+
+
+async def test_piped_flags_have_a_header_and_the_table_s_columns(tmp_path, capsys, monkeypatch):
+    fake = FakeUpstream()
+    async with fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _):
+        common = ["flags", "--gateway", url, "--token", TOKEN]
+        await asyncio.to_thread(
+            main, [*common, "set", "spec-json", "--rollout", "25", "--deny", "t1"]
+        )
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, [*common, "list"]) == 0
+        piped = capsys.readouterr().out.splitlines()
+        monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+        monkeypatch.setenv("COLUMNS", "200")
+        assert await asyncio.to_thread(main, [*common, "list"]) == 0
+        table = capsys.readouterr().out.splitlines()
+    columns = ["flag", "enabled", "rollout", "tenants", "source", "rules"]
+    assert piped[0].split("\t") == columns
+    assert sorted(line.split("\t") for line in piped[1:]) == [
+        ["spec-json", "on", "25%", "deny t1", "ops", "json"],
+        ["speculation", "on", "-", "all", "implicit", "-"],
+    ]
+    head = re.sub(r"\x1b\[[0-9;]*m", "", next(line for line in table if "flag" in line))
+    assert [cell.strip() for cell in head.strip("┃│ ").split("┃") if cell.strip()] == columns
 
 
 async def test_a_misspelt_flag_is_refused_with_a_suggestion(tmp_path, capsys):

@@ -104,7 +104,10 @@ def test_a_client_error_puts_no_stack_trace_on_its_span():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing = Telemetry.build(tracers=provider).tracing
-    for error in (ApiError(400, "bad temperature", param="temperature"), ValueError("bug")):
+    for error in (
+        ApiError(status=400, message="bad temperature", param="temperature"),
+        ValueError("bug"),
+    ):
         with pytest.raises(type(error)), tracing.begin({}, "chat").step("parse"):
             raise error
     client, bug = exporter.get_finished_spans()

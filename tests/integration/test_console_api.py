@@ -73,8 +73,13 @@ async def test_the_console_is_served_only_with_the_admin_api_and_under_a_strict_
 @pytest.mark.parametrize("overrides", [{"admin_token": None}, {"console": False}])
 async def test_the_console_is_off_without_the_admin_api_or_when_turned_off(tmp_path, overrides):
     async with stack(tmp_path, **overrides) as (url, _), httpx.AsyncClient() as c:
-        assert (await c.get(url + "/console/")).status_code == 404
-        assert (await c.get(url + "/console/static/main.js")).status_code == 404
+        answers = [await c.get(url + path) for path in ("/console", "/console/", "/console/x.js")]
+        metrics = (await c.get(url + "/metrics")).text
+    hint = "SPECLANE_ADMIN_TOKEN" if "admin_token" in overrides else "SPECLANE_CONSOLE=false"
+    for answer in answers:
+        assert answer.status_code == 404
+        assert answer.text.startswith("speclane's ops console is off: ") and hint in answer.text
+    assert "speclane_request_errors_total{" not in metrics
 
 
 async def test_pools_show_endpoints_and_need_the_token(tmp_path):
@@ -170,6 +175,24 @@ async def test_explain_shows_the_running_policy_and_the_draft_side_by_side(tmp_p
     assert broken.status_code == 200 and broken.json()["draft"]["problems"]
     assert bad_request.status_code == 400
     assert bad_request.json()["error"]["param"].startswith("request")
+
+
+async def test_explain_takes_the_endpoint_as_a_short_name_or_a_path(tmp_path):
+    completion = {"model": "tiny", "prompt": "Say hi", "temperature": 0.5}
+    async with stack(tmp_path) as (url, _), httpx.AsyncClient() as c:
+        answers = [
+            await c.post(
+                url + "/admin/policy/explain",
+                json={"request": completion, "endpoint": endpoint},
+                headers=AUTH,
+            )
+            for endpoint in ("completions", "/v1/completions", "nope")
+        ]
+    short, path, unknown = answers
+    assert short.status_code == 200 and short.json() == path.json()
+    assert short.json()["running"]["features"]["endpoint"] == "/v1/completions"
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "endpoint"
+    assert "chat, /v1/chat/completions, completions" in unknown.json()["error"]["message"]
 
 
 async def test_apply_is_refused_unless_turned_on(tmp_path):

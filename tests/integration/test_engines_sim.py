@@ -58,7 +58,7 @@ async def test_each_engine_gives_the_signal_it_says(tmp_path, engine: str, signa
     assert pool["engine"] == engine and pool["signal"] == signal
     assert pool["signals_seen"]["last"] == signal
     assert pool["signals_seen"]["counts"] == {signal: 3}
-    slice_ = next(iter(stack.services.stats.summary(0).values()))
+    slice_ = next(iter(stack.services.stats.views.summary(0).values()))
     assert slice_["pools"]["spec"]["tokens_per_step"] > 1.5  # JSON: several tokens a step
 
 
@@ -82,7 +82,7 @@ async def test_sglang_counts_are_asked_for_and_only_the_asking_client_sees_them(
         body = JSON | {"stream": True, "return_spec_tokens_details": True}
         asked = await c.post(stack.url + "/v1/chat/completions", json=body)
     assert "sglext" not in plain.text and "sglext" in asked.text
-    slice_ = next(iter(stack.services.stats.summary(0).values()))
+    slice_ = next(iter(stack.services.stats.views.summary(0).values()))
     assert slice_["pools"]["spec"]["measured"] == 2  # drafts counted for both
     assert slice_["pools"]["spec"]["acceptance"] > 0.5
 

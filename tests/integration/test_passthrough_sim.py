@@ -43,7 +43,7 @@ async def test_non_streaming_answers_pass_through_and_are_measured(tmp_path):
     async with sim_stack(tmp_path, POLICY, spec()) as (url, services, _), httpx.AsyncClient() as c:
         whole = await c.post(url + "/v1/chat/completions", json=BODY)
         streamed = await c.post(url + "/v1/chat/completions", json={**BODY, "stream": True})
-        summary = services.stats.summary(time.time())
+        summary = services.stats.views.summary(time.time())
         metrics = (await c.get(url + "/metrics")).text
     assert whole.status_code == 200 and whole.headers["x-speclane-pool"] == "spec"
     answer = whole.json()

@@ -135,14 +135,14 @@ async def test_windows_add_up_and_a_transition_happens_once(tmp_path):
             await b.state.sync()
             await a.state.sync()
             key = "default / t>0.9 / ctx<4k"
-            merged = a.stats.summary(now)[key]["pools"]["spec"]
+            merged = a.stats.views.summary(now)[key]["pools"]["spec"]
             assert merged["measured"] == 12
             # the economic guardrail's tallies add up across replicas too
             assert merged["stepped"] == 12 and merged["tokens_per_step"] == 49 / 30
             # one more sample on each makes both propose the same fall-back
             a.stats.record(outcome(0.2), now)
             b.stats.record(outcome(0.2), now)
-            assert a.stats.proposals and b.stats.proposals
+            assert a.stats.slices.proposals and b.stats.slices.proposals
             await a.state.sync()
             await b.state.sync()
             await a.state.sync()

@@ -23,7 +23,7 @@ traffic: [{name: unused, workload: chat, temperature: 0.5, rate: 1}]
 """
 
 
-async def test_logged_requests_replay(tmp_path):
+async def test_logged_requests_replay(tmp_path, capsys):
     log = tmp_path / "requests.jsonl"
     async with (
         sim_stack(tmp_path, sim_policy(), SIM, request_log=log) as (url, services, _),
@@ -39,12 +39,15 @@ async def test_logged_requests_replay(tmp_path):
             headers = {"authorization": "Bearer sk-secret-key", "x-speclane-endpoint": "trip"}
             r = await c.post(url + "/v1/chat/completions", json=body, headers=headers)
             assert r.status_code == 200
+        unknown = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+        r = await c.post(url + "/v1/chat/completions", json=unknown)
+        assert r.status_code == 404
         assert services.request_log is not None
         services.request_log.flush()
     text = log.read_text()
     assert "sk-secret-key" not in text
     lines = [json.loads(line) for line in text.splitlines()]
-    assert len(lines) == 5
+    assert len(lines) == 6 and lines[5]["body"]["model"] == "no-such-model"
     assert lines[0]["headers"]["x-speclane-endpoint"] == "trip"
     assert lines[0]["body"]["messages"][0]["content"].startswith("Plan a weekend")
 
@@ -57,6 +60,9 @@ async def test_logged_requests_replay(tmp_path):
     assert main([*args, "--out", str(out)]) == 0
     summary = json.loads((out / "logged.json").read_text())
     assert summary["requests"] == 5 and {c["traffic"] for c in summary["cells"]} == {"default"}
+    why = "model 'no-such-model' is not on the ladder replayed (qwen3-32b)"
+    assert summary["skipped"] == {why: 1}
+    assert f"logged: left out 1 logged request(s): {why}" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     assert (

@@ -83,7 +83,7 @@ async def test_mirrors_change_neither_answers_nor_latency(tmp_path):
     assert shadow_slice["pools"]["spec"]["measured"] == 30
     assert shadow_slice["pools"]["standard"]["requests"] == 30
     assert 'shadow="true"' in metrics
-    canary = services.shadow.canary
+    canary = services.shadow.canary.counts
     assert sum(c.compared for c in canary.values()) == 30
     assert all(c.rate == 1.0 for c in canary.values())
 

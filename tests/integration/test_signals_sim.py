@@ -51,7 +51,7 @@ async def run(tmp_path, sim: SimConfig, chunks: bool, n: int = 6):
             r = await c.post(url + "/v1/chat/completions", json=JSON)
             assert r.status_code == 200
         await services.scraper.scrape()
-        summary = services.stats.summary(time.time())
+        summary = services.stats.views.summary(time.time())
         metrics = (await c.get(url + "/metrics")).text
     (slice_stats,) = summary.values()
     return slice_stats["pools"]["spec"], services.scraper.latest.get("spec"), metrics

@@ -187,10 +187,14 @@ def test_explain_draws_tables_on_a_terminal(
     assert "response_format json_schema in [json_object, json_schema]" in out  # not markup
 
 
-def test_explain_a_completions_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "completions"])
+def test_explain_a_completions_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], endpoint: str
+) -> None:
+    """The endpoint is a short name or a path, as in POST /admin/policy/explain."""
     body = {"model": "qwen3-32b", "prompt": "word " * 20000, "temperature": 0.5}
     request = write(tmp_path, "request.json", json.dumps(body))
-    argv = ["--endpoint", "/v1/completions", "--json"]
+    argv = ["--endpoint", endpoint, "--json"]
     assert run("explain", str(TRAINIUM), request, *argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["features"]["endpoint"] == "/v1/completions"

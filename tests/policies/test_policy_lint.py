@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
 from policies.compiled import load_policy
 from policies.lint import lint
 from policies.load import parse
 from policies.problems import PolicyError, Severity
 
+EXAMPLES = Path(__file__).parents[2] / "policies" / "examples"
 HEAD = """\
 version: 1
 pools:
@@ -324,3 +328,143 @@ def test_parse_keeps_positions_and_raises_errors_only() -> None:
     with pytest.raises(PolicyError) as caught:
         parse(rules("- {name: a}"), "p.yaml")
     assert [p.code for p in caught.value.problems] == ["missing"]
+
+
+def test_speedup_is_read_as_economic_and_lint_says_it_is_an_older_name():
+    text = (
+        HEAD.replace("rules:\n", "guardrail: {mode: speedup}\nrules:\n")
+        + textwrap.dedent(
+            """\
+        - {name: a, match: {tools: present}, start: spec, guardrail: {mode: speedup}}
+        - {name: b, match: {stream: true}, start: spec, guardrail: {mode: threshold}}
+        """
+        )
+        + DEFAULT
+    )
+    policy = load_policy(text)
+    modes = [rule.guardrail.mode for rule in policy.rules]
+    assert modes == ["economic", "threshold", "economic"]
+    assert [rule.guardrail.economic for rule in policy.rules] == [True, False, True]
+    assert lines(text) == [
+        "p.yaml:6:19: warning: guardrail.mode: mode 'speedup' is an older name for 'economic' "
+        "(hint: write mode: economic)",
+        "p.yaml:8:69: warning: rules.0.guardrail.mode: mode 'speedup' is an older name for "
+        "'economic' (hint: write mode: economic)",
+    ]
+    assert len(policy.warnings) == 2 and not lint(text).errors
+
+
+def test_type_errors_misspelt_keys_and_cross_file_problems_in_one_pass() -> None:
+    text = """\
+version: 1
+pools:
+  spec: {kind: speculative, model: m, num_speculative_tokens: 4, endpoints: ['http://s:8000'],
+         cost_per_hr: 3}
+  standard: {kind: standard, model: m, endpoints: ['http://d:8000']}
+ladder: [spec, standard]
+guardrail: {confidence: high, cooldwn_s: 10}
+rules:
+  - {name: json, start: spec-k7, match: {response_format: [json_object]}}
+  - {name: default, start: spec}
+"""
+    assert [line.split(": error: ")[0] + ": " + line.split(": ")[2] for line in lines(text)] == [
+        "p.yaml:4:10: pools.spec.cost_per_hr",
+        "p.yaml:7:25: guardrail.confidence",
+        "p.yaml:7:31: guardrail.cooldwn_s",
+        "p.yaml:9:25: rules.0.start",
+    ]
+    assert "start 'spec-k7' is not a pool" in lines(text)[-1]
+
+
+POOLS_ONLY = HEAD.removesuffix("rules:\n")
+NO_FALSE_LINES = {
+    # a broken pool: rules and the ladder that name it are not "unknown pool"
+    "pool without kind": (
+        POOLS_ONLY.replace("kind: speculative, ", "kind: fast, ")
+        + "rules:\n- {name: a, start: spec, match: {stream: true}}\n"
+        + DEFAULT,
+        ["pools.spec.kind"],
+    ),
+    # a misspelt key of the guardrail: its default must not make recover_above look wrong
+    "guardrail key misspelt": (
+        POOLS_ONLY + "guardrail: {min_acceptance: 0.7, recover_abov: 0.8}\nrules:\n" + DEFAULT,
+        ["guardrail.recover_abov"],
+    ),
+    # the ladder misspelt: no rule is "not on a ladder" for it
+    "ladder misspelt": (
+        POOLS_ONLY.replace("ladder:", "ladderz:") + "rules:\n" + DEFAULT,
+        ["ladderz"],
+    ),
+    # a broken rule that used a flag does not make the flag unused
+    "broken rule with a flag": (
+        POOLS_ONLY + "flags:\n  f: {enabled: true}\nrules:\n- {name: a, start: spec, flag: f, "
+        "match: {stream: maybe}}\n" + DEFAULT,
+        ["rules.0.match.stream"],
+    ),
+    # and a real problem elsewhere still shows beside them
+    "broken flag and a shadowed rule": (
+        POOLS_ONLY
+        + "flags:\n  f: {enabled: maybe}\nrules:\n- {name: a, start: spec}\n"
+        + "- {name: b, start: standard, match: {stream: true}}\n"
+        + DEFAULT,
+        ["flags.f.enabled", "rules.1", "rules.2"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", NO_FALSE_LINES)
+def test_what_a_broken_part_could_cause_is_not_reported(name: str) -> None:
+    text, paths = NO_FALSE_LINES[name]
+    assert [line.split(": ")[2] for line in lines(text)] == paths
+
+
+def _mappings(value: object, path: tuple[object, ...] = ()):
+    if isinstance(value, dict):
+        yield path
+        for key, child in value.items():
+            yield from _mappings(child, (*path, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _mappings(child, (*path, i))
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_one_unknown_key_anywhere_is_one_line(example) -> None:
+    """Whatever mapping a stray key lands in (an unknown key, or a pool, flag or tenant that
+    is not one), lint says that and nothing else: removing it to check the rest never
+    invents a problem."""
+    raw = yaml.safe_load(example.read_text())
+    assert lint(example.read_text()).problems == ()
+    for path in _mappings(raw):
+        broken = copy.deepcopy(raw)
+        target = broken
+        for part in path:
+            target = target[part]
+        target["zzz_unknown"] = 1
+        found = lint(yaml.safe_dump(broken), "p.yaml").problems
+        assert [p.path[: len(path) + 1] for p in found] == [(*path, "zzz_unknown")], found
+
+
+def _leaves(value: object, path: tuple[object, ...] = ()):
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _leaves(child, (*path, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _leaves(child, (*path, i))
+    else:
+        yield path
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_one_value_of_the_wrong_type_anywhere_is_reported_there_alone(example) -> None:
+    raw = yaml.safe_load(example.read_text())
+    for path in _leaves(raw):
+        broken = copy.deepcopy(raw)
+        target = broken
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = [[]]
+        found = lint(yaml.safe_dump(broken), "p.yaml").problems
+        assert found, path
+        assert all(p.path[: len(path)] == path for p in found), (path, found)

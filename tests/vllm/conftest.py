@@ -23,9 +23,11 @@ _COLD_START_S = 1800  # install (~3 min), models, start (1-2 min), on a loaded 2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The first test brings the stack up, so it gets the time a cold start may take."""
-    if items:
-        items[0].add_marker(pytest.mark.timeout(_COLD_START_S))
+    """The first test on the stack brings it up, so it gets the time a cold start may take."""
+    for item in items:
+        if "stack_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(_COLD_START_S))
+            return
 
 
 def speclane(*args: str | Path, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -93,3 +93,21 @@ def console_routes() -> list[Route]:
         Route("/console/", shell, methods=["GET"]),
         Route("/console/static/{name}", static, methods=["GET"]),
     ]
+
+
+def console_off_routes(admin_api: bool) -> list[Route]:
+    """Where the console would be, when it is off: a 404 that says why and how to turn it on
+    (``admin_api``: the admin API is on, so ``SPECLANE_CONSOLE=false`` turned it off)."""
+    if admin_api:
+        why = "it is turned off (SPECLANE_CONSOLE=false); unset it to serve the console"
+    else:
+        why = (
+            "the admin API is disabled. Set SPECLANE_ADMIN_TOKEN to turn on both; "
+            "the console asks for that token when it opens"
+        )
+    text = f"speclane's ops console is off: {why}.\n"
+
+    async def off(request: Request) -> Response:
+        return Response(text, 404, headers=HEADERS, media_type="text/plain")
+
+    return [Route("/console", off, methods=["GET"]), Route("/console/{rest:path}", off)]

@@ -52,6 +52,22 @@ async def running_sim(config: SimConfig) -> AsyncIterator[str]:
         sock.close()
 
 
+class FakeTime:
+    """A clock and a sleep for the real-time engine: sleeping moves the clock at once."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu-ngram-k4"
 
 

@@ -32,6 +32,9 @@ def test_parse_drift_rejects(bad: str) -> None:
         {"max_num_seqs": 0},
         {"stream_interval": 0},
         {"time_scale": -1.0},
+        {"max_num_batched_tokens": 255},  # vLLM: at least one token per seat
+        {"max_num_seqs": 1, "max_num_batched_tokens": 1},  # and one beside the draft's slot
+        {"stream_cost_s": -1e-6},
     ],
 )
 def test_config_validation(kwargs: dict[str, object]) -> None:
@@ -73,6 +76,10 @@ def test_cli_builds_the_config() -> None:
             "3",
             "--max-num-seqs",
             "16",
+            "--max-num-batched-tokens",
+            "2048",
+            "--stream-cost-us",
+            "350",
             "--time-scale",
             "0.1",
             "--zero-latency",
@@ -99,6 +106,7 @@ def test_cli_builds_the_config() -> None:
     assert config.mode is Mode.STANDARD and config.k == 7
     assert config.served_model_names == ("a", "b") and config.seed == 3
     assert config.max_num_seqs == 16 and config.time_scale == 0.1 and config.zero_latency
+    assert config.max_num_batched_tokens == 2048 and config.stream_cost_s == pytest.approx(350e-6)
     assert config.drift == (DriftPoint(Workload.CODE, 5.0, 0.2),)
     assert config.faults.error_rate == 0.1 and config.faults.die_rate == 0.2
     assert not config.report_spec_metrics and config.stream_interval == 2
@@ -110,3 +118,5 @@ def test_cli_defaults_and_bad_config_exit_code() -> None:
     assert config == SimConfig()
     args = build_parser(argparse.ArgumentParser()).parse_args(["--k", "0"])
     assert run(args) == 2
+    tight = ["--max-num-seqs", "64", "--max-num-batched-tokens", "63"]
+    assert run(build_parser(argparse.ArgumentParser()).parse_args(tight)) == 2

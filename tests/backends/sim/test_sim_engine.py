@@ -7,6 +7,7 @@ import pytest
 from backends.sim.engine import Engine, Scheduler, Sequence, StepEvent
 from backends.sim.model import CostModel, RequestProfile
 from backends.sim.workload import Workload
+from tests.backends.sim.conftest import FakeTime
 
 K = 4
 
@@ -141,20 +142,6 @@ def test_run_alone_matches_batched_steps() -> None:
     batched = scheduler()
     batched.submit(Sequence(profile(33), K))
     assert alone == [e for step in drain(batched) for _, e in step]
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 @pytest.mark.anyio

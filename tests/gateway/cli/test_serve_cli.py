@@ -57,6 +57,17 @@ async def test_serve_logs_carry_timestamps_and_the_access_log_is_an_option(tmp_p
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines and all(STAMP.match(line) for line in lines), lines
     assert any('"POST /v1/chat/completions HTTP/1.1" 200' in line for line in lines), lines
+    said = [
+        line.split("gateway.cli.serve: ", 1)[1] for line in lines if "gateway.cli.serve: " in line
+    ]
+    assert said[0] == f"listening on http://127.0.0.1:{port} (1 worker)"
+    assert said[1].startswith(f"policy {policy} (version ")
+    assert said[1].endswith("ladder tiny: spec > standard; 1 rule (default)")
+    assert said[2:4] == [
+        f"pool spec: speculative k=4 on vllm, model tiny, endpoints {spec}",
+        f"pool standard: standard on vllm, model tiny, endpoints {std}",
+    ]
+    assert said[4].startswith("routes: POST /v1/chat/completions, POST /v1/completions")
 
 
 @pytest.mark.parametrize(

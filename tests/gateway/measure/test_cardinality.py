@@ -62,7 +62,7 @@ def test_labels_stay_bounded_under_10000_tenants_and_tool_schemas(tmp_path: Path
         labels = Labels(
             "tiny", decision.rule, decision.slice, decision.pool, 4, tenant=features.tenant
         )
-        services.record(
+        services.feedback.record(
             Outcome(
                 labels,
                 Status.OK,

@@ -104,7 +104,7 @@ def test_outcomes_of_an_older_epoch_do_not_count():
     for t in range(10):  # requests decided before the fall, finishing after it
         stats.record(outcome(0.2, epoch=0), 4.0 + t)
     assert stats.guards[KEY].version == version
-    assert stats.summary(20.0)[KEY]["pools"] == {}
+    assert stats.views.summary(20.0)[KEY]["pools"] == {}
 
 
 def test_cancelled_outcomes_are_not_evidence_and_errors_are_counted():
@@ -113,7 +113,7 @@ def test_cancelled_outcomes_are_not_evidence_and_errors_are_counted():
         stats.record(outcome(0.1, status=Status.CANCELLED), float(t))
     stats.record(outcome(0.1, status=Status.ERROR), 10.0)
     assert not stats.guards
-    assert stats.summary(11.0)[KEY]["pools"]["spec"]["errors"] == 1
+    assert stats.views.summary(11.0)[KEY]["pools"]["spec"]["errors"] == 1
 
 
 def test_slices_are_capped_least_recently_used_first():
@@ -121,20 +121,20 @@ def test_slices_are_capped_least_recently_used_first():
     for i in range(5):
         labels = Labels("m", "default", f"slice-{i}", "spec", 4)
         stats.record(Outcome(labels, Status.OK, 0, 1, None, None, 1, 1, 1, Signal.NONE), 1.0)
-    assert list(stats.summary(1.0)) == ["slice-2", "slice-3", "slice-4"]
+    assert list(stats.views.summary(1.0)) == ["slice-2", "slice-3", "slice-4"]
 
 
 def test_shared_mode_proposes_instead_of_applying():
     stats = LiveStats(lambda: POLICY)
-    stats.shared = True
+    stats.replica.reachable(True)
     for t in range(4):
         stats.record(outcome(0.2), float(t))
-    assert not stats.guards and list(stats.proposals) == [KEY]
+    assert not stats.guards and list(stats.slices.proposals) == [KEY]
     for t in range(4):  # no second proposal while one is pending
         stats.record(outcome(0.2), 5.0 + t)
-    proposals = stats.take_proposals()
-    assert list(proposals) == [KEY] and not stats.proposals
-    stats.apply(KEY, proposals[KEY])
+    proposals = stats.replica.take_proposals()
+    assert list(proposals) == [KEY] and not stats.slices.proposals
+    stats.replica.apply(KEY, proposals[KEY])
     assert stats.guards[KEY].offset == 1
 
 
@@ -154,7 +154,7 @@ def test_acceptance_comes_with_a_confidence_margin():
     stats = LiveStats(lambda: POLICY)
     for t, rate in enumerate([0.8, 0.9] * 10):
         stats.record(outcome(rate), float(t))
-    window = stats.summary(30.0)[KEY]["pools"]["spec"]
+    window = stats.views.summary(30.0)[KEY]["pools"]["spec"]
     # per-request rates 0.8 / 0.9 (sd ~0.051 over 20): 1.96 * sd / sqrt(20) ~ 0.023
     assert window["acceptance"] == pytest.approx(0.85)
     assert window["acceptance_margin95"] == pytest.approx(0.0225, abs=0.0005)
@@ -190,21 +190,63 @@ def test_summary_names_the_rungs_and_the_request_rate():
     stats = LiveStats(lambda: POLICY)
     for i in range(30):  # 2 requests a second for 15 s, healthy
         stats.record(outcome(0.9), 100.0 + i / 2)
-    healthy = stats.summary(115.0)[KEY]
+    healthy = stats.views.summary(115.0)[KEY]
     assert (healthy["start"], healthy["rung"], healthy["probing"]) == ("spec", "spec", None)
     # the window has covered 15 s (plus at most one 2.5 s bucket): the rate is close to 2/s
     assert 30 / 17.5 <= healthy["requests_per_s"] <= 2.0
     assert healthy["window_s"] == 60.0
     for i in range(40):
         stats.record(outcome(0.1), 116.0 + i / 10)
-    fallen = stats.summary(120.0)[KEY]
+    fallen = stats.views.summary(120.0)[KEY]
     assert (fallen["phase"], fallen["rung"], fallen["probing"]) == ("fallen_back", "standard", None)
     stats.tick(135.0)
-    probing = stats.summary(135.0)[KEY]
+    probing = stats.views.summary(135.0)[KEY]
     assert (probing["phase"], probing["rung"], probing["probing"]) == (
         "probing",
         "standard",
         "spec",
     )
-    later = stats.summary(1000.0)[KEY]
+    later = stats.views.summary(1000.0)[KEY]
     assert later["requests_per_s"] == 0.0
+
+
+def test_an_alarm_moves_a_slice_one_rung_and_on_the_last_rung_is_only_logged():
+    stats = LiveStats(lambda: POLICY)
+    stats.alarm(KEY, "canary", {}, 1.0)  # a slice never seen: nothing to move
+    assert not stats.events
+    stats.record(outcome(0.9), 1.0)
+    stats.alarm(KEY, "canary: greedy output differs", {"compared": 20.0}, 2.0)
+    assert stats.guards[KEY].offset == 1 and stats.events[-1].reason.startswith("canary")
+    stats.alarm(KEY, "canary again", {}, 3.0)  # on standard: nowhere to fall
+    assert stats.guards[KEY].offset == 1
+    assert stats.events[-1].before == stats.events[-1].after == stats.guards[KEY]
+
+
+def test_a_replica_that_loses_its_store_applies_what_it_had_proposed():
+    stats = LiveStats(lambda: POLICY)
+    stats.replica.reachable(True)
+    for t in range(4):
+        stats.record(outcome(0.2), float(t))
+    assert not stats.guards
+    stats.replica.reachable(False)
+    assert stats.guards[KEY].offset == 1 and not stats.slices.proposals
+    (kept,) = stats.replica.states()
+    assert (kept.slice, kept.model, kept.rule, kept.state) == (
+        KEY,
+        "m",
+        "default",
+        stats.guards[KEY],
+    )
+
+
+def test_increments_drained_for_the_store_are_restored_when_the_push_fails():
+    stats = LiveStats(lambda: POLICY)
+    for t in range(3):
+        stats.record(outcome(0.9), float(t))
+    increments = stats.replica.drain()
+    assert sum(i.counts.requests for i in increments) == 3
+    assert stats.views.summary(3.0)[KEY]["pools"]["spec"]["requests"] == 0
+    stats.replica.restore(increments)
+    assert stats.views.summary(3.0)[KEY]["pools"]["spec"]["requests"] == 3
+    (active,) = stats.replica.active(0.0)
+    assert (active.slice, active.epoch, active.pools) == (KEY, 0, ("spec",))

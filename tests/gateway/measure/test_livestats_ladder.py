@@ -10,7 +10,7 @@ from collections.abc import Callable
 from gateway.measure.acceptance import Labels, Outcome, Signal, Status
 from gateway.measure.livestats import LiveStats
 from policies.compiled import load_policy
-from policies.guardrail import ON_START, Phase
+from policies.guardrail import ON_START, Phase, SliceState
 from policies.speedup import expected_tokens_per_step
 
 POLICY = load_policy(
@@ -119,9 +119,11 @@ def test_a_slice_on_a_rung_it_never_ran_on_is_judged_by_carried_over_acceptance(
         stats.record(outcome(JSON, "k7", 0.92, 0, load, False), float(i))
         stats.record(outcome(CHAT, "standard", 0.0, 0, load, False), i + 0.5)
         stats.record(outcome(CHAT, "k3", 0.6, 0, load, False), i + 0.6)
-    seen = stats.judgements(
-        stats._slices[JSON], POLICY.ladders["m"], 1, 0, POLICY.rule("json").guardrail, 30.0
-    )
+    entry = stats.slices.records[JSON]
+    entry.state = SliceState(offset=1, phase=Phase.FALLEN_BACK)  # served on k3
+    placement = POLICY.placement("json", "m")
+    assert placement is not None and placement.pool(entry.state.offset) == "k3"
+    seen = stats.judge.seen(entry, placement, 30.0)
     near = seen.near
     assert near is not None and "carried over" in near.reason
     assert near.numbers["tokens_per_step"] > 3.0  # k3 at a = 0.92, not one token a step

@@ -9,7 +9,22 @@ from policies.flags import FlagValue
 
 
 def test_flag_and_policy_entries_round_trip():
-    flag = AuditEntry(1.5, "ana", "speculation", None, FlagValue(enabled=False), "incident")
-    policy = AuditEntry(2.5, "bo", POLICY, None, None, "json to standard", "3f2a -> 9c1d")
+    flag = AuditEntry(
+        at=1.5,
+        who="ana",
+        flag="speculation",
+        old=None,
+        new=FlagValue(enabled=False),
+        reason="incident",
+    )
+    policy = AuditEntry(
+        at=2.5,
+        who="bo",
+        flag=POLICY,
+        old=None,
+        new=None,
+        reason="json to standard",
+        policy="3f2a -> 9c1d",
+    )
     for entry in (flag, policy):
         assert audit_from_json(audit_to_json(entry)) == entry

@@ -19,11 +19,9 @@ from contextlib import asynccontextmanager
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import ApiError
+from gateway.errors import shutting_down
 
-_CUT = ApiError(
-    503, "the gateway shut down before the answer finished", "server_error", None, "shutting_down"
-).sse()
+_CUT = shutting_down("the gateway shut down before the answer finished").sse()
 
 
 class Disconnect:

@@ -1,5 +1,5 @@
-"""Shadow measurement: mirror a request to a speculative pool in the background, measure the
-mirror like any request, and never let it touch the client's answer.
+"""Shadow mirrors: send a copy of a request to a speculative pool in the background, measure
+the mirror like any request, and never let it touch the client's answer.
 
 Mirrors are owned tasks: at most ``max_concurrency`` at once, within a token budget per
 minute, and only while the target pool's endpoints are not busy; otherwise they are dropped
@@ -7,10 +7,11 @@ and counted. A mirror starts only after the client's own stream has its first ev
 cannot delay the answer; it has its own timeout, and the lifespan cancels the rest on
 shutdown.
 
-Correctness canary: at temperature 0 speculative decoding must not change the output. When
-the client's request was greedy, the mirror's text is compared with the text the client got;
-the exact-match rate per slice is kept, and a slice whose mismatches pass the threshold gets
-a guardrail event.
+When the client's request was greedy, the mirror's text goes to the correctness canary
+(``gateway/measure/canary.py``) to be compared with the text the client got.
+
+Explained for operators, with its numbers, in docs/operations.md ("Flags, shadow
+measurement and the admin API").
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ import orjson
 
 from backends.errors import BackendError
 from backends.pool import Pools
-from gateway.errors import ApiError
-from gateway.measure.acceptance import Fold, Labels, Outcome
+from gateway.errors import UpstreamErrorEvent
+from gateway.forward.relay import Relay
+from gateway.measure.acceptance import Fold, Labels
+from gateway.measure.answer import Measurement
 from gateway.measure.budget import TokenBucket
+from gateway.measure.canary import Canary
+from gateway.measure.checks import Checks
+from gateway.measure.completions import answer_text
 from gateway.measure.telemetry import Telemetry
-from gateway.server.streaming import Relay
 
 log = logging.getLogger(__name__)
 _HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
@@ -43,25 +48,6 @@ class ShadowLimits:
     timeout_s: float = 120.0
 
 
-@dataclass(frozen=True, slots=True)
-class CanaryLimits:
-    """Alarm when greedy mismatches exceed ``max_mismatch`` over ``min_samples`` compared."""
-
-    max_mismatch: float = 0.1
-    min_samples: int = 20
-
-
-@dataclass(slots=True)
-class CanaryCounts:
-    compared: int = 0
-    matched: int = 0
-    alarmed: bool = False
-
-    @property
-    def rate(self) -> float | None:
-        return self.matched / self.compared if self.compared else None
-
-
 class ShadowRunner:
     """Starts, bounds, measures and drains shadow mirrors."""
 
@@ -69,24 +55,21 @@ class ShadowRunner:
         self,
         pools: Pools,
         clock: Callable[[], float],
-        record: Callable[[Outcome], None],
+        checks: Checks,
         telemetry: Telemetry,
         limits: ShadowLimits = ShadowLimits(),
-        canary: CanaryLimits = CanaryLimits(),
-        alarm: Callable[[str, CanaryCounts], None] | None = None,
+        canary: Canary | None = None,
         prefilled: Callable[[str, int, float], None] | None = None,
     ) -> None:
         self._pools = pools
         self._clock = clock
-        self._record = record
+        self._checks = checks  # a mirror's outcome is recorded, its answer not checked
         self._telemetry = telemetry
         self._limits = limits
-        self._canary = canary
-        self._alarm = alarm
+        self.canary = canary or Canary(telemetry)
         self._prefilled = prefilled  # told each mirror's prompt, once its stream opens
         self._budget = TokenBucket(limits.tokens_per_minute, clock())
         self._tasks: set[asyncio.Task[None]] = set()
-        self.canary: dict[str, CanaryCounts] = {}
 
     @property
     def in_flight(self) -> int:
@@ -108,15 +91,9 @@ class ShadowRunner:
             self._telemetry.mirror(pool, reason)
             return False
         body = orjson.dumps(payload | {"stream": True, "stream_options": {"include_usage": True}})
+        mirrored = replace(labels, pool=pool, shadow=True)
         task = asyncio.create_task(
-            self._run(
-                pool,
-                path,
-                body,
-                replace(labels, pool=pool, shadow=True),
-                primary_text,
-                prompt_tokens,
-            )
+            self._run(pool, path, body, mirrored, primary_text, prompt_tokens)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -149,51 +126,18 @@ class ShadowRunner:
                 if self._prefilled is not None:
                     self._prefilled(opened.endpoint.url, prompt_tokens, self._clock())
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
-                relay = Relay(
-                    opened,
-                    Fold(served, self._clock()),
-                    include_usage=True,
-                    clock=self._clock,
-                    on_done=self._record,
-                )
+                measurement = Measurement(Fold(served, self._clock()), self._clock, self._checks)
+                relay = Relay(opened, measurement, include_usage=True, clock=self._clock)
                 answer = await relay.collect(chat=path.endswith("chat/completions"))
-        except (BackendError, ApiError, TimeoutError) as exc:
+        except (BackendError, UpstreamErrorEvent, TimeoutError) as exc:
             self._telemetry.mirror(pool, "failed")
             log.info("shadow mirror to %s failed: %s", pool, exc)
             return
         if primary_text is not None:
-            await self._compare(labels.slice, answer_text(answer), primary_text)
-
-    async def _compare(self, slice_key: str, mirrored: str, primary: asyncio.Future[str]) -> None:
-        try:
-            expected = await asyncio.wait_for(asyncio.shield(primary), self._limits.timeout_s)
-        except (TimeoutError, asyncio.CancelledError):
-            return
-        counts = self.canary.setdefault(slice_key, CanaryCounts())
-        counts.compared += 1
-        counts.matched += mirrored == expected
-        result = "match" if mirrored == expected else "mismatch"
-        self._telemetry.mirror("canary", result)
-        if mirrored != expected:
-            log.warning("canary: greedy output differs on speculation for slice %s", slice_key)
-        failing = (
-            counts.compared >= self._canary.min_samples
-            and 1 - counts.matched / counts.compared > self._canary.max_mismatch
-        )
-        if failing and not counts.alarmed and self._alarm is not None:
-            self._alarm(slice_key, counts)
-        counts.alarmed = failing
+            mirrored = answer_text(answer)
+            await self.canary.compare(labels.slice, mirrored, primary_text, self._limits.timeout_s)
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def answer_text(answer: dict[str, Any]) -> str:
-    """The text of the first choice of a chat or completions body."""
-    choices = answer.get("choices") or [{}]
-    choice = choices[0]
-    message = choice.get("message")
-    text = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return text or ""

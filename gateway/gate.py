@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, shutting_down
 from gateway.identity import Caller, Identity
 from policies.compiled import CompiledPolicy
 
@@ -43,7 +43,7 @@ class Gate:
         """Admit one request, or raise the ``ApiError`` that refuses it."""
         if self.draining:
             message = "the gateway is shutting down"
-            raise ApiError(503, message, "server_error", None, "shutting_down", _RETRY_S, _CLOSE)
+            raise shutting_down(message, _RETRY_S, _CLOSE)
         caller = self._identity.caller(headers)
         tenant = caller.tenant
         held = self._in_flight.get(tenant, 0)
@@ -51,7 +51,13 @@ class Gate:
         if self.total >= self._max_total or (cap is not None and held >= cap):
             whose = "the gateway's" if self.total >= self._max_total else f"tenant {tenant}'s"
             message = f"too many requests in flight: {whose} limit is reached"
-            raise ApiError(429, message, "rate_limit_error", None, "too_many_requests", _RETRY_S)
+            raise ApiError(
+                status=429,
+                message=message,
+                type="rate_limit_error",
+                code="too_many_requests",
+                retry_after_s=_RETRY_S,
+            )
         self._in_flight[tenant] = held + 1
         self.total += 1
         return caller

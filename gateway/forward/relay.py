@@ -1,19 +1,19 @@
 """Step 8 of a request: relay upstream events to the client, measuring them on the way.
 
 ``Relay.sse`` yields SSE bytes for a streaming client as events arrive; ``Relay.collect``
-folds the whole stream into one JSON body. Both inspect every event once: output chunks
-feed the acceptance fold, the usage chunk (asked of upstream always) is passed on only
-when the client asked for usage, an upstream error event ends the stream. (An error event
-that opens the stream never gets here: ``backends/upstream.py`` turns it into the upstream's
-answer.) A client error found later still answers a non-streaming client with its status.
+folds the whole stream into one JSON body. Both read every event once, in the answer's
+dialect, into its ``Measurement`` (``gateway/measure/answer.py``, steps 6 and 7): the
+usage chunk (asked of upstream always) is passed on only when the client asked for usage,
+an upstream error event ends the stream. (An error event that opens the stream never gets
+here: ``backends/upstream.py`` turns it into the upstream's answer.) A client error found
+later still answers a non-streaming client with its status.
 
-The outcome is recorded in ``finally``: finished, failed and cancelled streams all count.
+The measurement finishes in ``finally``: finished, failed and cancelled streams all count.
 After the first byte a failure becomes a final SSE error event, never a silent end.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,71 +22,48 @@ import orjson
 from backends.errors import StreamBroken, UpstreamRejected
 from backends.pool import Opened
 from backends.upstream import DONE
-from gateway.errors import ApiError
-from gateway.measure.acceptance import Fold, Outcome, Status
-from gateway.measure.validity import Collected
-from gateway.server.assemble import Assembler
+from gateway.errors import UpstreamErrorEvent, from_backend
+from gateway.forward.assemble import Assembler
+from gateway.measure.acceptance import Status
+from gateway.measure.answer import Dialect, Measurement
+from gateway.measure.completions import COMPLETIONS
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
-class UpstreamErrorEvent(Exception):
-    """The upstream sent an error object as an event, after the stream had started;
-    ``status`` is its ``code`` when that is an HTTP status."""
-
-    def __init__(self, payload: bytes, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.payload = payload
-        self.status = status
-
-
 class Relay:
-    """One upstream stream, read once, for one client."""
+    """One upstream stream, read once, for one client; measured by ``measurement`` and read
+    in ``dialect`` (``gateway/measure/answer.py``)."""
 
     __slots__ = (
-        "_capture",
         "_clock",
+        "_dialect",
         "_error",
-        "_fold",
         "_include_sglext",
         "_include_usage",
-        "_on_done",
-        "_on_metrics",
+        "_measurement",
         "_opened",
         "_status",
-        "_structure",
-        "_text",
     )
 
     def __init__(
         self,
         opened: Opened,
-        fold: Fold,
+        measurement: Measurement,
         *,
         include_usage: bool,
         clock: Callable[[], float],
-        on_done: Callable[[Outcome], None],
-        capture: asyncio.Future[str] | None = None,
-        on_metrics: Callable[[object], None] | None = None,
-        structure: Collected | None = None,
         include_sglext: bool = False,
+        dialect: Dialect = COMPLETIONS,
     ) -> None:
-        """``capture``, when given, receives the answer's text (for the shadow canary);
-        ``on_metrics`` the final usage chunk's ``metrics`` (whether the pool reports them);
-        ``structure`` every choice's text and tool calls (to check them against the
-        request's schema and tools)."""
         self._opened = opened
-        self._capture = capture
-        self._text: list[str] | None = [] if capture is not None else None
-        self._fold = fold
+        self._measurement = measurement
+        self._dialect = dialect
         self._include_usage = include_usage
         self._include_sglext = include_sglext
         self._clock = clock
-        self._on_done = on_done
         self._status = Status.CANCELLED
         self._error = ""
-        self._on_metrics = on_metrics
-        self._structure = structure
 
     async def _batches(self) -> AsyncIterator[list[bytes]]:
         stream = self._opened.stream
@@ -100,39 +77,13 @@ class Relay:
         return self._status is not Status.CANCELLED
 
     def _inspect(self, data: bytes, now: float) -> dict[str, Any]:
-        chunk = orjson.loads(data)
-        if not isinstance(chunk, dict):
+        event = orjson.loads(data)
+        if not isinstance(event, dict):
             raise StreamBroken("upstream sent an event that is not a JSON object")
-        if "error" in chunk and not chunk.get("choices"):
-            raise _error_event(data, chunk["error"])
-        choices = chunk.get("choices")
-        if choices:
-            for choice in choices:
-                if self._structure is not None:
-                    self._structure.delta(choice)
-                delta = choice.get("delta") or choice
-                finish = choice.get("finish_reason")
-                if "avg_decoded_tokens_per_iter" in choice:  # TensorRT-LLM's tokens per step
-                    self._fold.tokens_per_iteration(choice["avg_decoded_tokens_per_iter"])
-                if (
-                    delta.get("content")
-                    or delta.get("text")
-                    or delta.get("tool_calls")
-                    or delta.get("reasoning_content")
-                    or delta.get("reasoning")
-                ):
-                    self._fold.content(now, finish)
-                    if self._text is not None and choice.get("index", 0) == 0:
-                        self._text.append(delta.get("content") or delta.get("text") or "")
-                elif finish:
-                    self._fold.finished(finish)
-        elif "sglext" in chunk:  # SGLang's per-request counts (return_spec_tokens_details)
-            self._fold.sglang(chunk["sglext"])
-        elif "usage" in chunk:
-            self._fold.usage(chunk["usage"] or {}, chunk.get("metrics"))
-            if self._on_metrics is not None:
-                self._on_metrics(chunk.get("metrics"))
-        return chunk
+        failure = self._dialect.event(self._measurement, event, now)
+        if failure is not None:
+            raise UpstreamErrorEvent(data, *failure)
+        return event
 
     async def sse(self) -> AsyncIterator[bytes]:
         held: dict[str, Any] | None = None  # the last choice's end, waiting for usage
@@ -154,7 +105,9 @@ class Relay:
             yield (b"" if held is None else _event(held)) + b"data: " + exc.payload + b"\n\n"
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            yield (b"" if held is None else _event(held)) + _broken(self._error).sse()
+            # past the first byte nothing can be tried again: the client is told here
+            failed = from_backend(StreamBroken(self._error))
+            yield (b"" if held is None else _event(held)) + failed.sse()
         finally:
             self._finish()
 
@@ -184,6 +137,9 @@ class Relay:
         return held
 
     async def collect(self, chat: bool) -> dict[str, Any]:
+        """The whole answer as one body. A stream that broke raises ``StreamBroken`` and an
+        error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for a 4xx code): the caller
+        decides whether to try again."""
         assembler = Assembler(chat)
         try:
             async for batch in self._batches():
@@ -199,10 +155,10 @@ class Relay:
             if exc.status is not None and exc.status < 500:
                 # a client error the upstream found late: still its answer to this request
                 raise UpstreamRejected(exc.status, exc.payload, self._opened.spec.name) from None
-            raise ApiError(502, str(exc), "server_error", None, "upstream_error") from None
+            raise
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            raise _broken(self._error) from None
+            raise StreamBroken(self._error) from None
         finally:
             self._finish()
 
@@ -212,12 +168,7 @@ class Relay:
 
     def _finish(self) -> None:
         self._opened.close(failed=self._status is Status.ERROR)
-        self._on_done(self._fold.finish(self._status, self._clock(), self._error))
-        if self._capture is not None and not self._capture.done():
-            if self._status is Status.OK and self._text is not None:
-                self._capture.set_result("".join(self._text))
-            else:
-                self._capture.cancel()
+        self._measurement.finish(self._status, self._error)
 
 
 def _ends(chunk: dict[str, Any]) -> bool:
@@ -231,14 +182,3 @@ def _ends(chunk: dict[str, Any]) -> bool:
 
 def _event(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
-def _error_event(data: bytes, error: object) -> UpstreamErrorEvent:
-    message = error.get("message", "") if isinstance(error, dict) else str(error)
-    code = error.get("code") if isinstance(error, dict) else None
-    status = code if isinstance(code, int) and 400 <= code <= 599 else None
-    return UpstreamErrorEvent(data, f"upstream error: {message}", status)
-
-
-def _broken(message: str) -> ApiError:
-    return ApiError(502, message, "server_error", None, "upstream_stream_broken")

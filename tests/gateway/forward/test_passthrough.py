@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from gateway.measure.acceptance import Labels, Outcome, Signal, Status
-from gateway.measure.engine_metrics import engine_timed
-from gateway.server.passthrough import (
+from gateway.forward.passthrough import (
     PerRequestReports,
     one_answer,
     passes_through,
     stream_cannot_carry,
     stream_options,
 )
+from gateway.measure.acceptance import Labels, Outcome, Signal, Status
+from gateway.measure.engine_metrics import engine_timed
 from policies.model import Pool, PoolKind
 
 TOOL = {"type": "function", "function": {"name": "f"}}

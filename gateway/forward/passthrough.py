@@ -1,5 +1,5 @@
 """Whether a client's non-streaming request goes upstream as it is, its answer passing through
-untouched, or streamed and assembled (``gateway/server/assemble.py``). Part of step 5.
+untouched, or streamed and assembled (``gateway/forward/assemble.py``). Part of step 5.
 
 The pool's own answer is always right; assembly exists for one purpose, the chunk signal
 (tokens per streamed chunk) on speculative pools that report nothing per request. So:

@@ -7,7 +7,7 @@ import json
 import orjson
 import pytest
 
-from gateway.server.assemble import Assembler
+from gateway.forward.assemble import Assembler
 from tests.fakes import FIXTURES, events
 
 

@@ -1,6 +1,6 @@
 """Build one non-streaming JSON body from the chunks of an upstream stream (step 8). Pure.
 
-Used only where the pool's own whole answer is not asked for (``gateway/server/passthrough.py``
+Used only where the pool's own whole answer is not asked for (``gateway/forward/passthrough.py``
 sends every request a stream cannot carry exactly as it is), and then the body must be the
 one the pool would have answered, field by field, as vLLM's whole answer builds it from the
 same tokens:

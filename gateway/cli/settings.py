@@ -1,0 +1,107 @@
+"""``speclane settings``: the gateway's settings, from ``gateway/settings.py``.
+
+    speclane settings                        each setting's value here (environment, defaults)
+    speclane settings --markdown             the reference table, as Markdown
+    speclane settings --markdown --update F  that table spliced into F between its markers
+
+The table is made from the fields' descriptions and defaults, so the page and the code say
+the same; ``tests/gateway/cli/test_settings_cli.py`` checks that the committed page is
+current. Command-line edge only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from enum import Enum
+from pathlib import Path
+
+from pydantic import SecretStr, ValidationError
+
+from gateway.settings import Settings
+
+PREFIX = "SPECLANE_"
+BEGIN = "<!-- begin: speclane settings --markdown -->"
+END = "<!-- end: speclane settings --markdown -->"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "settings", help="the gateway's settings: their values here, or the reference table"
+    )
+    parser.add_argument(
+        "--markdown", action="store_true", help="print every setting's reference as Markdown"
+    )
+    parser.add_argument(
+        "--update",
+        type=Path,
+        metavar="FILE",
+        help=f"with --markdown: replace the table between {BEGIN} and {END} in FILE "
+        "(docs/configuration.md)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.markdown and args.update:
+        try:
+            args.update.write_text(spliced(args.update.read_text()))
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"speclane settings: cannot update {args.update}: {exc}\n")
+            return 1
+        return 0
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+        return 0
+    from gateway.cli.serve import settings_errors
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        sys.stderr.write(settings_errors(exc).replace("speclane serve: ", "speclane settings: "))
+        return 2
+    width = max(len(PREFIX + name) for name in Settings.model_fields)
+    for name in Settings.model_fields:
+        value = shown(getattr(settings, name))
+        sys.stdout.write(f"{(PREFIX + name.upper()).ljust(width)}  {value}\n")
+    return 0
+
+
+def markdown_table() -> str:
+    """One row per setting: its variable, its default and what it does."""
+    lines = ["| setting | default | meaning |", "| --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        meaning = (field.description or "").replace("|", "\\|")
+        lines.append(f"| `{PREFIX}{name.upper()}` | {_default(field.default)} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def spliced(page: str) -> str:
+    """``page`` with the text between its two markers replaced by the current table;
+    ``ValueError`` when it lacks them."""
+    if BEGIN not in page or END not in page:
+        raise ValueError(f"the page has no {BEGIN} ... {END} markers")
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{markdown_table()}{END}{tail}"
+
+
+def shown(value: object) -> str:
+    """A value as an operator writes it; a secret only as set or unset."""
+    if value is None:
+        return "unset"
+    if isinstance(value, SecretStr):
+        return "(set)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def _default(value: object) -> str:
+    return "unset" if value is None else f"`{shown(value)}`"

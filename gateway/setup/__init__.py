@@ -1,0 +1,1 @@
+"""``speclane init``: read real endpoints and write a starter policy from what they show."""

@@ -1,0 +1,76 @@
+"""The error tree: typed failures become the client's errors in one place, and the module
+docstring names every code the gateway answers with."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import gateway.errors
+from backends.errors import StreamBroken, Unavailable, UpstreamTimeout
+from gateway.errors import ApiError, UpstreamErrorEvent, broke, from_backend
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [
+        (UpstreamTimeout("slow"), 504, "upstream_timeout"),
+        (Unavailable("down"), 503, "no_healthy_upstream"),
+        (StreamBroken("cut"), 502, "upstream_stream_broken"),
+        (UpstreamErrorEvent(b"{}", "upstream error: boom", 500), 502, "upstream_error"),
+    ],
+)
+def test_typed_failures_map_to_one_client_error_each(failure, status, code):
+    error = from_backend(failure)
+    assert (error.status, error.code, error.type) == (status, code, "server_error")
+    assert error.message == str(failure)
+
+
+def test_no_healthy_upstream_says_when_to_come_back():
+    failure = Unavailable("down")
+    assert from_backend(failure).retry_after_s == 1.0
+    failure.retry_after_s = 7.0
+    assert from_backend(failure).response().headers["retry-after"] == "7"
+
+
+def test_a_broken_answer_says_how_often_it_broke():
+    error = broke(3)
+    assert (error.status, error.code) == (502, "upstream_stream_broken")
+    assert "3 times" in error.message
+
+
+def test_api_errors_are_built_by_keyword_only():
+    with pytest.raises(TypeError):
+        ApiError(400, "positional")  # type: ignore[misc]
+
+
+_CODE_AT = {"_server_error": 2, "_refuse": 3}  # where the helpers take their code
+
+
+def _codes_raised() -> set[str]:
+    """Every ``code="..."`` literal, and every error code handed to a helper, in gateway/."""
+    codes = set()
+    for path in (ROOT / "gateway").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            for keyword in node.keywords:
+                if keyword.arg == "code" and isinstance(keyword.value, ast.Constant):
+                    codes.add(keyword.value.value)
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            at = _CODE_AT.get(name)
+            if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant):
+                codes.add(node.args[at].value)
+    return codes - {None}
+
+
+def test_the_docstring_draws_every_code_the_gateway_answers_with():
+    tree = gateway.errors.__doc__ or ""
+    codes = _codes_raised() | {gateway.errors.BROKEN}
+    assert {"model_not_found", "too_many_requests", "upstream_error"} <= codes
+    missing = sorted(c for c in codes if c not in tree)
+    assert not missing, f"gateway/errors.py's docstring lacks {missing}"
