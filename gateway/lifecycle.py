@@ -10,6 +10,7 @@ import logging
 from backends.discovery import resolve
 from backends.pool import PoolSpec
 from backends.upstream import Timeouts
+from gateway.measure.livestats import TICK_EVERY_S
 from gateway.services import Services
 from gateway.state.policyfile import ReloadResult
 from policies.compiled import CompiledPolicy
@@ -70,7 +71,7 @@ async def watch_policy(services: Services) -> None:
 
 async def tick(services: Services) -> None:
     while True:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(TICK_EVERY_S)
         services.stats.tick(services.wall())
 
 

@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from gateway.lifecycle import discover, tick, watch_policy
+from gateway.measure.load import SAMPLE_EVERY_S
 from gateway.services import Services
 
 Action = Callable[[], Awaitable[None] | None]
@@ -82,7 +83,7 @@ async def startup(services: Services, steps: Steps) -> None:
     steps.task("guardrail-tick", tick(services))
     steps.task("endpoint-discovery", discover(services))
     steps.task("pool-scrape", services.scraper.run(settings.scrape_interval_s))
-    steps.task("load-meter", services.load.run(services.clock, 0.25))
+    steps.task("load-meter", services.load.run(services.clock, SAMPLE_EVERY_S))
     steps.task("outcome-log-writer", services.outcomes.run())
     steps.task("metrics-push", services.telemetry.run())
     if services.load_scraper is not None:

@@ -105,6 +105,15 @@ class Cluster:
         """Endpoints per pool."""
         return {pool: len(endpoints) for pool, endpoints in self._pools.items()}
 
+    def endpoints(self) -> dict[str, list[str]]:
+        """Every pool's endpoints by name, as submit names them."""
+        return {pool: [e.name for e in endpoints] for pool, endpoints in self._pools.items()}
+
+    def in_engine(self) -> dict[str, int]:
+        """Requests each endpoint runs and queues, by its own count (what its metrics page's
+        running and waiting gauges say)."""
+        return {e.name: e.outstanding for group in self._pools.values() for e in group}
+
     def outstanding(self, pool: str) -> list[int]:
         """Requests sent to each endpoint of ``pool`` and not yet finished."""
         return [e.outstanding for e in self._pools[pool]]

@@ -64,6 +64,7 @@ from policies.steptime import StepFit
 
 log = logging.getLogger(__name__)
 JUDGE_EVERY_S = 0.25  # economic mode: a slice is judged at most this often on its outcomes
+TICK_EVERY_S = 1.0  # how often a running gateway steps slices that wait on time alone
 
 
 class LiveStats:

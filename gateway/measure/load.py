@@ -42,6 +42,8 @@ from dataclasses import dataclass, field, replace
 
 from gateway.measure.acceptance import Outcome
 
+SAMPLE_EVERY_S = 0.25  # how often a running gateway samples its endpoints' loads
+
 
 @dataclass(slots=True)
 class Smoothed:

@@ -2,8 +2,13 @@
 
 Steps 2-4 and 6-7 of a request are the gateway's own: ``schema.parse``, ``classify``,
 ``decide``, the acceptance ``Fold`` and ``LiveStats.record``/``tick`` (which step the
-guardrail). Step 5 is ``backends.sim.cluster``: every pool of the model's ladder as
-simulated endpoints sharing one virtual clock. Each routing decision is made at the
+guardrail), with the load meter between them as a running gateway has it: its own requests
+in flight integrated exactly, the engines' gauges read every few seconds, prompts counted
+as prefilled when their first token comes, each replica of the deployment
+(``Scenario.gateways``) with its own and sharing state as through Redis
+(``gateway/replay/replicas.py``, ``gateway/replay/shared.py``). Step 5 is
+``backends.sim.cluster``: every pool of the model's ladder as simulated endpoints sharing
+one virtual clock. Each routing decision is made at the
 request's arrival, from the guardrail state that the outcomes finished before it left;
 shadow mirrors run too (they load their pool and are measured, and cost what they cost).
 
@@ -21,7 +26,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
@@ -34,10 +39,10 @@ from gateway import schema
 from gateway.classify import Defaults, classify
 from gateway.errors import ApiError
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
-from gateway.measure.livestats import LiveStats
-from gateway.measure.load import Smoothed
 from gateway.replay.bodies import build
+from gateway.replay.replicas import Gateway, Replicas
 from gateway.replay.scenario import Scenario, Traffic
+from gateway.replay.shared import VirtualStore
 from gateway.state.flagstore import FlagStore
 from policies.compiled import CompiledPolicy, Ladder
 from policies.decide import decide
@@ -45,7 +50,6 @@ from policies.decision import Decision
 from policies.guardrail import Transition
 from policies.model import PoolKind
 
-TICK_S = 1.0
 _PATH = "/v1/chat/completions"
 
 
@@ -99,12 +103,22 @@ class _Ask:
     path: str = "/v1/chat/completions"
 
 
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """Who sent a request: the replica, and the prompt it counts as prefilled."""
+
+    replica: Gateway
+    prompt_tokens: int
+
+
 @dataclass(slots=True)
 class _Pending:
     row: Row
     traffic: int
     labels: Labels
     area: float
+    replica: Gateway
+    prompt_tokens: int
 
 
 class _Driver:
@@ -118,12 +132,10 @@ class _Driver:
         self.ladder = ladder
         self.cluster = Cluster(_configs(policy, ladder, scenario, cost))
         self.replay = Replay(scenario, ladder, dict(self.cluster.pools), cost=cost)
-        self.load = Smoothed()
-        self.stats = LiveStats(
-            lambda: policy,
-            on_transition=self.replay.events.append,
-            load=lambda model, now: self.load.value,
+        self.replicas = Replicas(
+            scenario.gateways, policy, self.cluster.endpoints(), self.replay.events.append
         )
+        self.store = VirtualStore(policy) if scenario.gateways > 1 else None
         self.flags = FlagStore(policy).values
         self.rng = random.Random(f"{scenario.seed}:arrivals")
         self.heap: list[tuple[float, int, str, int, int]] = []
@@ -134,7 +146,6 @@ class _Driver:
         self.in_flight = 0
         self.area = 0.0
         self.area_t = 0.0
-        self.last_tick = 0.0
         self.n_endpoints = sum(self.cluster.pools.values())
 
     # --- time ----------------------------------------------------------------------------
@@ -154,7 +165,10 @@ class _Driver:
             event = self.cluster.next_event()
             if event is not None and (arrival is None or event <= arrival):
                 self._integrate(event)
-                for served in self.cluster.advance():
+                finished = self.cluster.advance()
+                for served in self.cluster.started:
+                    self._first_token(served, event)
+                for served in finished:
                     self._finished(served)
             elif arrival is not None:
                 at, _, kind, i, client = heapq.heappop(self.heap)
@@ -170,10 +184,8 @@ class _Driver:
     def _integrate(self, now: float) -> None:
         self.area += self.in_flight * (now - self.area_t)
         self.area_t = now
-        self.load.observe(now, self.in_flight / self.n_endpoints)
-        if now - self.last_tick >= TICK_S:
-            self.stats.tick(now)
-            self.last_tick = now
+        sync = self.store.sync if self.store is not None else None
+        self.replicas.advance(now, self.cluster.in_engine, sync)
 
     # --- arrivals ------------------------------------------------------------------------
 
@@ -219,22 +231,25 @@ class _Driver:
             return
         request_id = f"{self.scenario.name}-{index}"
         features = classify(parsed, ask.path, ask.headers, request_id, Defaults())
-        decision = decide(features, self.policy, self.flags, self.stats.guards, now)
+        replica = self.replicas.of(ask.client)
+        decision = decide(features, self.policy, self.flags, replica.stats.guards, now)
         if decision.pool not in self.cluster.pools:  # a logged request for another model
             self._skip(f"model {parsed.model!r} is not on the ladder replayed ({self.model})")
             return
-        self._submit(now, index, ask, decision, shadow=False)
+        sent = _Sent(replica, features.prompt_tokens)
+        self._submit(now, index, ask, decision, sent, shadow=False)
         if decision.shadow_to is not None:
-            self._submit(now, next(self.ids), ask, _mirror(decision), shadow=True)
+            self._submit(now, next(self.ids), ask, _mirror(decision), sent, shadow=True)
 
     def _skip(self, why: str) -> None:
         self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
 
     def _submit(
-        self, now: float, index: int, ask: _Ask, decision: Decision, *, shadow: bool
+        self, now: float, index: int, ask: _Ask, decision: Decision, sent: _Sent, *, shadow: bool
     ) -> None:
         pool = decision.pool
         endpoint = self.cluster.submit(index, pool, ask.body, now, ask.max_tokens)
+        sent.replica.sent(endpoint)
         spec = self.policy.pools[pool]
         row = Row(
             index,
@@ -263,13 +278,21 @@ class _Driver:
             chunk_signal=spec.chunk_acceptance,
             engine=spec.engine.value,
         )
-        self.pending[index] = _Pending(row, ask.traffic, labels, self.area)
+        self.pending[index] = _Pending(
+            row, ask.traffic, labels, self.area, sent.replica, sent.prompt_tokens
+        )
         self.in_flight += 1
 
     # --- completions ---------------------------------------------------------------------
 
+    def _first_token(self, served: Served, now: float) -> None:
+        """A stream's first event: its replica counts its prompt as prefilled."""
+        pending = self.pending[served.key]
+        pending.replica.prefilled(served.endpoint, pending.prompt_tokens, now)
+
     def _finished(self, served: Served) -> None:
         pending = self.pending.pop(served.key)
+        pending.replica.done(served.endpoint)
         self.in_flight -= 1
         row = pending.row
         span = served.done - served.arrival
@@ -279,10 +302,9 @@ class _Driver:
         row.context = served.prompt_tokens + served.completion_tokens / 2
         row.acceptance = served.acceptance
         row.load = max(1.0, mean / self.n_endpoints)
-        outcome = replace(_outcome(pending.labels, served), load=served.load)
+        outcome = _outcome(pending.labels, served)
         row.measured = outcome.tokens_per_step
-        self.stats.record(outcome, served.done)
-        self.load.observe(served.done, self.in_flight / self.n_endpoints)
+        pending.replica.record(outcome, served.done)
         self.replay.rows.append(row)
         if pending.traffic < 0:  # a logged request: arrivals do not depend on answers
             return

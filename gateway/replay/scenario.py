@@ -175,6 +175,7 @@ class Scenario(_Strict):
     acceptance: list[Drift] = []
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     max_num_batched_tokens: Annotated[int, Field(ge=1)] = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    gateways: Annotated[int, Field(ge=1, le=8)] = 1
 
     @model_validator(mode="after")
     def _names(self) -> Scenario:

@@ -1,0 +1,156 @@
+"""The gateway's measurement in virtual time: what a replica sees of the pools, as it sees it
+live.
+
+A replay runs the gateway's own measurement code, not a model of it. Each replica here has
+its own live statistics (``LiveStats``, the guardrail), its own load meter (``LoadMeter``)
+and its own count of the requests it has in flight on each endpoint, integrated exactly
+(``InFlight``, as ``backends/pool.py`` keeps it). What a live replica does on a timer runs
+on the same period in virtual time, at the first event on or after it is due:
+
+- the load meter samples every ``SAMPLE_EVERY_S``;
+- the engines' own counts of running and waiting requests are read every
+  ``scrape_interval_s`` (the gateway's default), and held as fresh for one and a half of
+  those, so what an endpoint counts beyond this replica's own requests (other replicas')
+  lags as it does live;
+- the guardrail ticks every ``TICK_EVERY_S``;
+- with several replicas, each syncs with the shared store every ``sync_interval_s``
+  (``gateway/replay/shared.py``), staggered.
+
+An outcome reaches a replica's live statistics the way ``Feedback.record`` hands it on
+live: with its mean load and the prompts prefilled beside it (``loaded_outcome``), which a
+replica knows only of its own requests, each counted when its first token comes out (a
+stream's first event). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from backends.pool import InFlight
+from gateway.measure.acceptance import Outcome
+from gateway.measure.livestats import TICK_EVERY_S, LiveStats
+from gateway.measure.load import SAMPLE_EVERY_S, LoadMeter, loaded_outcome
+from gateway.measure.replica import Replica
+from gateway.settings import Settings
+from policies.compiled import CompiledPolicy
+from policies.guardrail import Transition
+
+SCRAPE_EVERY_S: float = Settings.model_fields["scrape_interval_s"].default
+SYNC_EVERY_S: float = Settings.model_fields["sync_interval_s"].default
+
+
+@dataclass(slots=True)
+class _Due:
+    """When a periodic task of one replica runs next."""
+
+    every_s: float
+    at: float
+
+    def ready(self, now: float) -> bool:
+        if now < self.at:
+            return False
+        self.at += self.every_s * max(1, int((now - self.at) // self.every_s) + 1)
+        return True
+
+
+@dataclass(slots=True)
+class Gateway:
+    """One gateway replica in a replay (module docstring)."""
+
+    index: int
+    stats: LiveStats
+    load: LoadMeter
+    clock: list[float]
+    flights: dict[str, InFlight] = field(default_factory=dict)
+    due: dict[str, _Due] = field(default_factory=dict)
+
+    def sent(self, endpoint: str) -> None:
+        flight = self._flight(endpoint)
+        flight.move(flight.count + 1)
+
+    def done(self, endpoint: str) -> None:
+        flight = self._flight(endpoint)
+        flight.move(flight.count - 1)
+
+    def prefilled(self, endpoint: str, prompt_tokens: int, now: float) -> None:
+        self.load.prefill(endpoint, prompt_tokens, now)
+
+    def record(self, outcome: Outcome, now: float) -> None:
+        self.stats.record(loaded_outcome(self.load, outcome), now)
+
+    def _flight(self, endpoint: str) -> InFlight:
+        flight = self.flights.get(endpoint)
+        if flight is None:
+            flight = self.flights[endpoint] = InFlight(lambda: self.clock[0], at=self.clock[0])
+        return flight
+
+
+class Replicas:
+    """Every replica of a replayed deployment, and their timers."""
+
+    def __init__(
+        self,
+        count: int,
+        policy: CompiledPolicy,
+        endpoints: Mapping[str, Sequence[str]],
+        on_transition: Callable[[Transition], None],
+    ) -> None:
+        self._endpoints = endpoints
+        self.clock = [0.0]
+        ladders = {model: ladder.pools for model, ladder in policy.ladders.items()}
+        self.all: list[Gateway] = []
+        for i in range(count):
+            flights: dict[str, InFlight] = {}
+            load = LoadMeter(
+                self._counts(flights), lambda: ladders, gauge_fresh_s=1.5 * SCRAPE_EVERY_S
+            )
+            stats = LiveStats(lambda: policy, on_transition=on_transition, load=load.ladder)
+            offset = i / count  # replicas' timers do not run in step
+            due = {
+                "sample": _Due(SAMPLE_EVERY_S, 0.0),
+                "scrape": _Due(SCRAPE_EVERY_S, offset * SCRAPE_EVERY_S),
+                "tick": _Due(TICK_EVERY_S, offset * TICK_EVERY_S),
+                "sync": _Due(SYNC_EVERY_S, offset * SYNC_EVERY_S),
+            }
+            self.all.append(Gateway(i, stats, load, self.clock, flights, due))
+
+    def _counts(
+        self, flights: dict[str, InFlight]
+    ) -> Callable[[], dict[str, list[tuple[str, int, float]]]]:
+        def counts() -> dict[str, list[tuple[str, int, float]]]:
+            out: dict[str, list[tuple[str, int, float]]] = {}
+            for pool, names in self._endpoints.items():
+                rows = out[pool] = []
+                for name in names:
+                    flight = flights.get(name)
+                    own = (flight.count, flight.area()) if flight is not None else (0, 0.0)
+                    rows.append((name, *own))
+            return out
+
+        return counts
+
+    def of(self, client: int) -> Gateway:
+        """The replica a client's requests reach (a load balancer that keeps a client on one
+        replica)."""
+        return self.all[client % len(self.all)]
+
+    def advance(
+        self,
+        now: float,
+        engine_counts: Callable[[], Mapping[str, int]],
+        sync: Callable[[Replica, float], None] | None,
+    ) -> None:
+        """Run what is due at ``now`` on every replica: samples, gauge reads, ticks, syncs."""
+        self.clock[0] = now
+        for replica in self.all:
+            if replica.due["sample"].ready(now):
+                replica.load.sample(now)
+            if replica.due["scrape"].ready(now):
+                for name, running in engine_counts().items():
+                    own = replica.flights.get(name)
+                    replica.load.scraped(name, running, own.count if own else 0, now)
+            if replica.due["tick"].ready(now):
+                replica.stats.tick(now)
+            if sync is not None and replica.due["sync"].ready(now):
+                sync(replica.stats.replica, now)
