@@ -11,15 +11,20 @@ same (``bench/scenarios/README.md``). One simulated server is started per endpoi
 policy lists for each pool of the ladder (its k, the scenario's ``max_num_seqs`` and
 ``max_num_batched_tokens``, the scenario's acceptance schedule as ``--drift``), the policy's
 endpoints are pointed at them, and the scenario's clients send their requests through the
-gateway with their API keys and users. Every answered request becomes a row priced with the
+gateway with their API keys and users; with ``gateways: N`` in the scenario, N gateways
+share their state through Redis (127.0.0.1:6379, a namespace of their own) and client ``i``
+talks to gateway ``i mod N``. Every answered request becomes a row priced with the
 simulator's cost model at the load actually carried (mean requests in flight per endpoint
 while it ran, as this client saw them): the same table as ``bench/decision_quality.py``.
 Shadow mirrors are invisible to a client and are not priced here.
 
 ``--time-scale`` runs the simulated servers faster than real time (their steps, the drift
-schedule, think times and arrivals all shrink by it), but the gateway's own windows and
-cooldowns are wall-clock seconds, so a scale below 1 makes the guardrail look slower than it
-is. Use 1 (the default) for numbers to quote.
+schedule, think times and arrivals all shrink by it) and the gateways with them
+(``SPECLANE_TIME_SCALE``: their clocks, windows, cooldowns, ticks and scrapes in the
+simulators' time), so guardrail events are dated in scenario seconds, as replay dates them.
+What a scale below 1 cannot shrink is the machine: the gateway's own work per chunk and
+request takes real time, and a busy machine reads as a busier engine. Use 1 (the default)
+for numbers to quote.
 """
 
 from __future__ import annotations
@@ -74,11 +79,11 @@ class Load:
 class Run:
     scenario: Scenario
     policy: CompiledPolicy
-    gateway: str
+    gateways: list[str]
     scale: float
     endpoints: int
     started: float = 0.0
-    wall_started: float = 0.0  # the gateway's clock, which dates guardrail events
+    model_started: float = 0.0  # the gateways' clock at second 0 (it dates guardrail events)
     load: Load = field(default_factory=Load)
     rows: list[Row] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
@@ -87,6 +92,18 @@ class Run:
     def now(self) -> float:
         """Scenario seconds since second 0."""
         return (time.monotonic() - self.started) / self.scale
+
+    def gateway(self, who: int) -> str:
+        """The gateway client ``who`` talks to (as replay's replicas take clients)."""
+        return self.gateways[who % len(self.gateways)]
+
+
+def model_wall(scale: float) -> float:
+    """A gateway's wall clock now, at ``SPECLANE_TIME_SCALE=scale``
+    (``gateway/server/app.py``, ``scaled``)."""
+    real = time.time()
+    epoch = real // 86_400 * 86_400
+    return epoch + (real - epoch) / scale if scale != 1.0 else real
 
 
 def stack_policy(policy: CompiledPolicy, urls: dict[str, list[str]]) -> str:
@@ -102,7 +119,7 @@ def start_stack(
     scenario: Scenario,
     args: argparse.Namespace,
     work: Path,
-) -> tuple[str, int]:
+) -> tuple[list[str], int]:
     model = scenario.model or next(iter(policy.ladders))
     ladder = policy.ladders[model]
     drift = ",".join(
@@ -134,17 +151,34 @@ def start_stack(
         sup.wait_ready(child, url + "/health")
     policy_path = work / "policy.yaml"
     policy_path.write_text(stack_policy(policy, urls))
-    port = free_port()
-    env = {**os.environ, "SPECLANE_ADMIN_TOKEN": TOKEN, "SPECLANE_LOG_LEVEL": "warning"}
-    argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path)]
-    gateway = sup.start("gateway", [*argv, "--port", str(port)], env=env)
-    url = f"http://127.0.0.1:{port}"
-    sup.wait_ready(gateway, url + "/healthz")
+    gateways = start_gateways(sup, policy_path, scenario.gateways, args.time_scale)
     remaining = sims_started + LEAD_S * args.time_scale - time.monotonic()
     if remaining < 0:
         raise RuntimeError("the stack took longer to start than the lead time; raise LEAD_S")
     time.sleep(remaining)
-    return url, sum(len(v) for v in urls.values())
+    return gateways, sum(len(v) for v in urls.values())
+
+
+def start_gateways(sup: Supervisor, policy_path: Path, count: int, scale: float) -> list[str]:
+    """``count`` gateways on the policy, judging in the simulators' time; several share
+    their state through the Redis on 127.0.0.1:6379, under a namespace of their own."""
+    env = {
+        **os.environ,
+        "SPECLANE_ADMIN_TOKEN": TOKEN,
+        "SPECLANE_LOG_LEVEL": "warning",
+        "SPECLANE_TIME_SCALE": str(scale),
+    }
+    if count > 1:
+        env["SPECLANE_REDIS_URL"] = "redis://127.0.0.1:6379/0"
+        env["SPECLANE_NAMESPACE"] = f"speclane-live-{os.getpid()}-{time.time_ns()}"
+    argv = [sys.executable, "-m", "gateway", "serve", "--policy", str(policy_path)]
+    urls = []
+    for i in range(count):
+        port = free_port()
+        child = sup.start(f"gateway-{i}", [*argv, "--port", str(port)], env=env)
+        urls.append(f"http://127.0.0.1:{port}")
+        sup.wait_ready(child, urls[-1] + "/healthz")
+    return urls
 
 
 async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, who: int) -> None:
@@ -155,7 +189,9 @@ async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, wh
     area = run.load.move(arrival, +1)
     pool = ""
     try:
-        response, tokens = await _exchange(client, run.gateway + PATH, built.body, built.headers)
+        response, tokens = await _exchange(
+            client, run.gateway(who) + PATH, built.body, built.headers
+        )
     finally:
         done = run.now()
         area_after = run.load.move(done, -1)
@@ -260,7 +296,7 @@ async def drive(run: Run) -> list[Transition]:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     timeout = httpx.Timeout(600.0, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        run.started, run.wall_started = time.monotonic(), time.time()
+        run.started, run.model_started = time.monotonic(), model_wall(run.scale)
         jobs = []
         for i, traffic in enumerate(run.scenario.traffic):
             if traffic.clients is not None:
@@ -270,14 +306,14 @@ async def drive(run: Run) -> list[Transition]:
                 jobs.append(open_class(run, client, i))
         await asyncio.gather(*jobs)
         answer = await client.get(
-            run.gateway + "/admin/guardrail?limit=1000",
+            run.gateways[0] + "/admin/guardrail?limit=1000",
             headers={"authorization": f"Bearer {TOKEN}"},
         )
     events = answer.json().get("events", []) if answer.status_code == 200 else []
-    return [_transition(e, run.wall_started, run.scale) for e in events]
+    return [_transition(e, run.model_started) for e in events]
 
 
-def _transition(event: dict[str, Any], started: float, scale: float) -> Transition:
+def _transition(event: dict[str, Any], started: float) -> Transition:
     """A guardrail event at scenario seconds, as the replay's are."""
 
     def state(d: dict[str, Any]) -> SliceState:
@@ -285,7 +321,7 @@ def _transition(event: dict[str, Any], started: float, scale: float) -> Transiti
 
     return Transition(
         event["slice"],
-        (float(event["at"]) - started) / scale,
+        float(event["at"]) - started,
         state(event["from"]),
         state(event["to"]),
         event["reason"],
@@ -297,8 +333,8 @@ def run_one(path: Path, policy_path: Path, args: argparse.Namespace) -> dict[str
     scenario = scenario.model_copy(update={"seed": scenario.seed + 1000 * args.seed})
     policy = load_policy(policy_path.read_text(), str(policy_path))
     with tempfile.TemporaryDirectory() as tmp, Supervisor(Path(tmp)) as sup:
-        gateway, endpoints = start_stack(sup, policy, scenario, args, Path(tmp))
-        run = Run(scenario, policy, gateway, args.time_scale, endpoints)
+        gateways, endpoints = start_stack(sup, policy, scenario, args, Path(tmp))
+        run = Run(scenario, policy, gateways, args.time_scale, endpoints)
         run.rng.seed(f"{scenario.seed}:live")
         wall = time.monotonic()
         events = asyncio.run(drive(run))

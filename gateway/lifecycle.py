@@ -71,7 +71,7 @@ async def watch_policy(services: Services) -> None:
 
 async def tick(services: Services) -> None:
     while True:
-        await asyncio.sleep(TICK_EVERY_S)
+        await asyncio.sleep(services.settings.real_s(TICK_EVERY_S))
         services.stats.tick(services.wall())
 
 

@@ -82,12 +82,14 @@ async def startup(services: Services, steps: Steps) -> None:
     steps.task("policy-watch", watch_policy(services))
     steps.task("guardrail-tick", tick(services))
     steps.task("endpoint-discovery", discover(services))
-    steps.task("pool-scrape", services.scraper.run(settings.scrape_interval_s))
-    steps.task("load-meter", services.load.run(services.clock, SAMPLE_EVERY_S))
+    steps.task("pool-scrape", services.scraper.run(settings.real_s(settings.scrape_interval_s)))
+    steps.task("load-meter", services.load.run(services.clock, settings.real_s(SAMPLE_EVERY_S)))
     steps.task("outcome-log-writer", services.outcomes.run())
     steps.task("metrics-push", services.telemetry.run())
     if services.load_scraper is not None:
-        steps.task("load-gauges", services.load_scraper.run(settings.scrape_interval_s))
+        steps.task(
+            "load-gauges", services.load_scraper.run(settings.real_s(settings.scrape_interval_s))
+        )
     if services.request_log is not None:
         steps.task("request-log-writer", services.request_log.run())
     reload = services.policy.requested.set

@@ -36,6 +36,10 @@ class Settings(BaseSettings):
             )
         return value
 
+    def real_s(self, seconds: float) -> float:
+        """Wall seconds for a period of the gateway's own clock (``time_scale``)."""
+        return seconds * self.time_scale
+
     @property
     def several_workers(self) -> bool:
         return isinstance(self.workers, int) and self.workers > 1
@@ -199,6 +203,16 @@ class Settings(BaseSettings):
         None,
         description="where several workers keep their metrics for /metrics to sum; emptied at "
         "start; default: a temporary directory",
+    )
+    time_scale: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="model seconds per wall second, for benchmarks against time-scaled "
+        "simulators (speclane sim --time-scale): the clocks the gateway judges by run "
+        "1/time_scale times as fast, and its periodic work (the guardrail's tick, load "
+        "sampling, metrics scrapes, the shared-state sync) comes time_scale times as often; "
+        "1 in production",
     )
     sync_interval_s: float = Field(
         1.0,

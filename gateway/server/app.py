@@ -58,11 +58,14 @@ def build_services(
     settings: Settings,
     policy: PolicyHolder | None = None,
     *,
-    clock: Callable[[], float] = time.monotonic,
-    wall: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
+    wall: Callable[[], float] | None = None,
     tracers: TracerProvider | None = None,
 ) -> Services:
-    """``tracers``, when given, is where spans go instead of ``settings.otlp_endpoint``."""
+    """``tracers``, when given, is where spans go instead of ``settings.otlp_endpoint``;
+    ``clock`` (monotonic) and ``wall``, when given, replace the clocks ``settings`` says."""
+    clock = clock or scaled(time.monotonic, settings.time_scale)
+    wall = wall or scaled(time.time, settings.time_scale)
     holder = policy or PolicyHolder.from_file(settings.policy)
     current = holder.get
     upstream = Upstream(
@@ -194,6 +197,19 @@ def _request_log(settings: Settings) -> RequestLog | None:
     )
 
 
+def scaled(real: Callable[[], float], scale: float) -> Callable[[], float]:
+    """``real`` as a clock that runs ``1 / scale`` times as fast (``time_scale``), from the
+    start of the current UTC day: replicas started that day agree on the time."""
+    if scale == 1.0:
+        return real
+    epoch = real() // 86_400 * 86_400
+
+    def clock() -> float:
+        return epoch + (real() - epoch) / scale
+
+    return clock
+
+
 def outlier_rules(settings: Settings) -> OutlierRules:
     return OutlierRules(
         consecutive_failures=settings.outlier_consecutive_failures,
@@ -224,7 +240,7 @@ def _state(
         policy,
         telemetry,
         wall,
-        interval_s=settings.sync_interval_s,
+        interval_s=settings.real_s(settings.sync_interval_s),
         password=settings.redis_password.get_secret_value() if settings.redis_password else None,
     )
 
