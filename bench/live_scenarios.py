@@ -16,7 +16,8 @@ share their state through Redis (127.0.0.1:6379, a namespace of their own) and c
 talks to gateway ``i mod N``. Every answered request becomes a row priced with the
 simulator's cost model at the load actually carried (mean requests in flight per endpoint
 while it ran, as this client saw them): the same table as ``bench/decision_quality.py``.
-Shadow mirrors are invisible to a client and are not priced here.
+Shadow mirrors, which a client never sees, are read back from the gateways' outcome logs
+(each names the request it mirrored) and priced as replay prices them.
 
 ``--time-scale`` runs the simulated servers faster than real time (their steps, the drift
 schedule, think times and arrivals all shrink by it) and the gateways with them
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -86,6 +88,7 @@ class Run:
     model_started: float = 0.0  # the gateways' clock at second 0 (it dates guardrail events)
     load: Load = field(default_factory=Load)
     rows: list[Row] = field(default_factory=list)
+    sent: dict[str, int] = field(default_factory=dict)  # request id -> its row
     errors: dict[str, int] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -160,8 +163,9 @@ def start_stack(
 
 
 def start_gateways(sup: Supervisor, policy_path: Path, count: int, scale: float) -> list[str]:
-    """``count`` gateways on the policy, judging in the simulators' time; several share
-    their state through the Redis on 127.0.0.1:6379, under a namespace of their own."""
+    """``count`` gateways on the policy, judging in the simulators' time, each writing its
+    outcome log beside the policy; several share their state through the Redis on
+    127.0.0.1:6379, under a namespace of their own."""
     env = {
         **os.environ,
         "SPECLANE_ADMIN_TOKEN": TOKEN,
@@ -175,7 +179,8 @@ def start_gateways(sup: Supervisor, policy_path: Path, count: int, scale: float)
     urls = []
     for i in range(count):
         port = free_port()
-        child = sup.start(f"gateway-{i}", [*argv, "--port", str(port)], env=env)
+        log = {"SPECLANE_OUTCOME_LOG": str(policy_path.parent / f"outcomes-{i}.jsonl")}
+        child = sup.start(f"gateway-{i}", [*argv, "--port", str(port)], env=env | log)
         urls.append(f"http://127.0.0.1:{port}")
         sup.wait_ready(child, urls[-1] + "/healthz")
     return urls
@@ -185,12 +190,14 @@ async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, wh
     scenario = run.scenario
     model = scenario.model or next(iter(run.policy.ladders))
     built = build(scenario.name, traffic, who, model)
+    request_id = f"{scenario.name}-{traffic.name}-{who}-{len(run.rows)}-{run.rng.random():.9f}"
+    headers = {**built.headers, "x-request-id": request_id}
     arrival = run.now()
     area = run.load.move(arrival, +1)
     pool = ""
     try:
-        response, tokens = await _exchange(
-            client, run.gateway(who) + PATH, built.body, built.headers
+        response, tokens, prompt = await _exchange(
+            client, run.gateway(who) + PATH, built.body, headers
         )
     finally:
         done = run.now()
@@ -199,8 +206,8 @@ async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, wh
         key = f"{response.status_code}"
         run.errors[key] = run.errors.get(key, 0) + 1
         return
-    headers = response.headers
-    pool = headers.get("x-speclane-pool", "")
+    answered = response.headers
+    pool = answered.get("x-speclane-pool", "")
     ladder = run.policy.ladders[model]
     profile = build_profile(
         built.body,
@@ -212,15 +219,16 @@ async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, wh
     )
     span = done - arrival
     mean = (area_after - area) / span if span > 0 else 1.0
-    reason = headers.get("x-speclane-reason", "")
+    reason = answered.get("x-speclane-reason", "")
+    run.sent[request_id] = len(run.rows)
     run.rows.append(
         Row(
             index=len(run.rows),
             traffic=traffic.name,
             client=who,
             phase=scenario.phase_of(arrival),
-            slice=headers.get("x-speclane-slice", ""),
-            rule=headers.get("x-speclane-rule", ""),
+            slice=answered.get("x-speclane-slice", ""),
+            rule=answered.get("x-speclane-rule", ""),
             pool=pool,
             rung=ladder.pools.index(pool) if pool in ladder.pools else len(ladder.pools) - 1,
             probe="probe" in reason,
@@ -231,19 +239,50 @@ async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, wh
             tokens=tokens,
             acceptance=profile.acceptance,
             load=max(1.0, mean / run.endpoints),
+            context=prompt + tokens / 2,
         )
     )
 
 
+def mirrors(run: Run, logs: list[Path]) -> list[Row]:
+    """The shadow mirrors the gateways sent, from their outcome logs: each priced as the
+    request it mirrored (its acceptance and load), on the pool it went to."""
+    ladder = run.policy.ladders[run.scenario.model or next(iter(run.policy.ladders))]
+    out = []
+    for path in logs:
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines:
+            record = json.loads(line)
+            primary = run.sent.get(record.get("request_id") or "")
+            if not record.get("shadow") or primary is None or record["status"] != "ok":
+                continue
+            row = run.rows[primary]
+            pool = record["pool"]
+            tokens = int(record["completion_tokens"] or 0)
+            out.append(
+                dataclasses.replace(
+                    row,
+                    index=len(run.rows) + len(out),
+                    pool=pool,
+                    rung=ladder.pools.index(pool) if pool in ladder.pools else row.rung,
+                    shadow=True,
+                    tokens=tokens,
+                    context=int(record["prompt_tokens"] or 0) + tokens / 2,
+                )
+            )
+    return out
+
+
 async def _exchange(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> tuple[httpx.Response, int]:
-    """Send one request; the completion tokens from its usage (streamed or whole)."""
+) -> tuple[httpx.Response, int, int]:
+    """Send one request; the completion and prompt tokens from its usage (streamed or
+    whole)."""
     if not body.get("stream"):
         response = await client.post(url, json=body, headers=headers)
         usage = response.json().get("usage") or {} if response.status_code == 200 else {}
-        return response, int(usage.get("completion_tokens") or 0)
-    tokens = 0
+        return response, int(usage.get("completion_tokens") or 0), _prompt(usage)
+    tokens = prompt = 0
     async with client.stream("POST", url, json=body, headers=headers) as response:
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -251,7 +290,12 @@ async def _exchange(
             event = orjson.loads(line[6:])
             if isinstance(event, dict) and event.get("usage"):
                 tokens = int(event["usage"].get("completion_tokens") or 0)
-    return response, tokens
+                prompt = _prompt(event["usage"])
+    return response, tokens, prompt
+
+
+def _prompt(usage: dict[str, Any]) -> int:
+    return int(usage.get("prompt_tokens") or 0)
 
 
 async def closed_client(run: Run, client: httpx.AsyncClient, i: int, who: int) -> None:
@@ -339,6 +383,8 @@ def run_one(path: Path, policy_path: Path, args: argparse.Namespace) -> dict[str
         wall = time.monotonic()
         events = asyncio.run(drive(run))
         wall = time.monotonic() - wall
+        sup.close()  # the gateways write what is left of their outcome logs as they stop
+        run.rows += mirrors(run, sorted(Path(tmp).glob("outcomes-*.jsonl")))
     model = scenario.model or next(iter(policy.ladders))
     ladder = policy.ladders[model]
     counts = {p: len(policy.pools[p].endpoints) for p in ladder.pools}

@@ -287,6 +287,7 @@ def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
         epoch=ask.decision.epoch,
         chunk_signal=chunks,
         arm=ask.decision.arm,
+        request_id=ask.request_id,
     )
 
 

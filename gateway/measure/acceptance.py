@@ -77,6 +77,7 @@ class Labels:
     chunk_signal: bool = True
     engine: str = "vllm"
     arm: str = ""
+    request_id: str = ""  # the client's request (a shadow mirror's is the one it mirrors)
 
 
 @dataclass(frozen=True, slots=True)

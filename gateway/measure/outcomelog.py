@@ -33,6 +33,7 @@ def record(outcome: Outcome, at: float, price: float | None) -> dict[str, Any]:
     tenant = hashlib.sha256(labels.tenant.encode()).hexdigest()[:16] if labels.tenant else ""
     return {
         "at": round(at, 3),
+        "request_id": labels.request_id,
         "model": labels.model,
         "rule": labels.rule,
         "slice": labels.slice,
