@@ -58,7 +58,8 @@ from policies.guardrail import Phase, SliceState, Transition
 from policies.model import PoolKind
 
 TOKEN = "live-scenarios"
-LEAD_S = 20.0  # model seconds between the simulators' start and the scenario's second 0
+LEAD_S = 20.0  # model seconds between the simulators' start and the scenario's second 0 ...
+LEAD_REAL_S = 15.0  # ... and at least this many real ones: the gateways must be up by then
 PATH = "/v1/chat/completions"
 
 
@@ -125,8 +126,9 @@ def start_stack(
 ) -> tuple[list[str], int]:
     model = scenario.model or next(iter(policy.ladders))
     ladder = policy.ladders[model]
+    lead_s = max(LEAD_S, LEAD_REAL_S / args.time_scale)  # model seconds before second 0
     drift = ",".join(
-        f"{p.workload.value}{'/' + p.tool if p.tool else ''}@{p.at_s + LEAD_S:g}={p.acceptance:g}"
+        f"{p.workload.value}{'/' + p.tool if p.tool else ''}@{p.at_s + lead_s:g}={p.acceptance:g}"
         for p in scenario.drift_points()
     )
     urls: dict[str, list[str]] = {}
@@ -155,9 +157,9 @@ def start_stack(
     policy_path = work / "policy.yaml"
     policy_path.write_text(stack_policy(policy, urls))
     gateways = start_gateways(sup, policy_path, scenario.gateways, args.time_scale)
-    remaining = sims_started + LEAD_S * args.time_scale - time.monotonic()
+    remaining = sims_started + lead_s * args.time_scale - time.monotonic()
     if remaining < 0:
-        raise RuntimeError("the stack took longer to start than the lead time; raise LEAD_S")
+        raise RuntimeError("the stack took longer to start than the lead time; raise LEAD_REAL_S")
     time.sleep(remaining)
     return gateways, sum(len(v) for v in urls.values())
 

@@ -37,6 +37,7 @@ PRIOR_DISPERSION = 0.09
 PRIOR_WEIGHT = 3.0
 TRANSFER_LOG_VAR = 0.04
 SPAN_FACTORS = (1, 4, 16)
+LEAN_MAX = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +247,21 @@ def _judgement(
 
 def span_targets(min_samples: int) -> tuple[int, ...]:
     return tuple(min_samples * f for f in SPAN_FACTORS)
+
+
+def leaning(judged: Judgement | None) -> float:
+    """The share of a slice to serve one rung down while the judge leans that way but is not
+    sure (``judged``: the serving rung against the next one down): the probability that the
+    lower rung is the cheaper one, less even odds, at most ``LEAN_MAX``, in steps of 1%.
+
+    A lower pool that serves nothing is seen only at the batch of the few requests explored
+    there, and its step time at the ladder's load is then an extrapolation the judge rightly
+    doubts; a share of the slice served there loads it to where it is judged, and costs
+    nothing in expectation, since the judge already finds it cheaper on the point estimate.
+    The cap keeps the slice mostly where it is until the judge is sure."""
+    if judged is None or judged.verdict != 0 or judged.z <= 0:
+        return 0.0
+    return round(min(LEAN_MAX, NormalDist().cdf(judged.z) - 0.5), 2)
 
 
 def hinges(judged: Judgement | None, lower: StepTime | None, rate: float, cost: float) -> bool:

@@ -27,10 +27,11 @@ The fit is Bayesian (``Line``): a Gaussian prior on (a, b, c), the data's eviden
 residual noise (pooled with ``NOISE_SD`` over ``NOISE_WEIGHT`` pseudo-observations). The
 prediction's variance grows with the distance from the batches observed and with
 staleness. The prior is structural (``transfer``): pools of one ladder serve one target
-model, so another pool's line says what this one should be: the fixed part (and the prefill
-part, which the draft model repeats) scales with the passes of a step (the target's, plus k
-draft passes of ``draft_cost`` each) and the per-sequence part with the tokens each
-sequence verifies (k + 1 on a speculative pool, 1 on a standard one). So a standard pool
+model, so another pool's line says what this one should be: the fixed part scales with the
+passes of a step (the target's, plus k draft passes of ``draft_cost`` each), the
+per-sequence part with the tokens each sequence verifies (k + 1 on a speculative pool, 1 on
+a standard one), and the prefill part with the passes over a prompt (a draft model reads it
+once too). So a standard pool
 seen only at batch 1 extrapolates with the speculative pool's measured slope, and the data
 overrule the prior where they exist. Without another pool, a loose generic prior
 (``KAPPA``, ``PREFILL_KAPPA``) stands in.
@@ -247,16 +248,18 @@ def _non_negative(lam: Matrix, r: Sequence[float]) -> Vector:
 
 def transfer(source: Line, k_from: int | None, k_to: int | None, draft_cost: float) -> Line:
     """What ``source`` (a pool with ``k_from`` draft tokens, None: standard) says about a
-    pool of the same model with ``k_to``: the fixed and prefill parts scaled by the passes
-    of a step, the per-sequence part by the tokens each sequence verifies. On top of the
+    pool of the same model with ``k_to``: the fixed part scaled by the passes of a decode
+    step, the per-sequence part by the tokens each sequence verifies, the prefill part by the
+    passes over a prompt (the target's, and the draft model's once, not k times). On top of the
     source's own doubt: a factor common to every part (``COMMON_SD``: other hardware,
     another configuration), so that the pool's own data at one batch pin it and the slope
     follows, and ``TRANSFER_SD`` for each part alone (the structural relation itself)."""
     k_a, k_b = k_from or 0, k_to or 0
     fa = (1.0 + k_b * draft_cost) / (1.0 + k_a * draft_cost)
     fb = (k_b + 1.0) / (k_a + 1.0)
-    f = (fa, fb, fa)
-    mean = (source.a * fa, source.b * fb, source.c * fa)
+    fc = (1.0 + (k_b > 0) * draft_cost) / (1.0 + (k_a > 0) * draft_cost)
+    f = (fa, fb, fc)
+    mean = (source.a * fa, source.b * fb, source.c * fc)
     part, common = TRANSFER_SD**2, COMMON_SD**2
     cov = _symmetric(
         [

@@ -45,7 +45,7 @@ from gateway.measure.steptimes import EXPLORE_PER_MINUTE, StepTimes
 from gateway.measure.views import Views
 from gateway.measure.windows import Counts, Window
 from policies.compiled import CompiledPolicy, Ladder, Placement
-from policies.economics import hinges
+from policies.economics import hinges, leaning
 from policies.guardrail import (
     NOTHING,
     ON_START,
@@ -269,8 +269,11 @@ class LiveStats:
             need = hinges(seen.near, seen.lower, rate, EXPLORE_PER_MINUTE / 60.0)
             pool = pools[serving + 1]
             explore = self.steps.explore_share(pool, key, rate, need, config.probe_fraction, now)
-            live = explore > 0 and seen.near is not None and seen.near.z >= 0.0
+            live = seen.near is not None and seen.near.z >= 0.0
             live = live and config.probe is ProbeMode.LIVE
+            if need and live:
+                explore = max(explore, leaning(seen.near))
+            live = live and explore > 0
         if (explore, live) != (entry.state.explore, entry.state.explore_live):
             entry.state = replace(entry.state, explore=explore, explore_live=live)
             self.slices.publish()

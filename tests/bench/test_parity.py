@@ -1,0 +1,55 @@
+"""Replay and live decide alike: ``bench/parity.py`` on a short surge, the real gateway in
+front of simulators at a quarter of real time against ``speclane replay`` of the same
+scenario and policy. The scenario's long summaries run on the standard pool, so the
+prefills sharing its steps are in both runs; chat must leave speculation in the surge and
+come back after it, in both, at about the same times."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parents[2]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+
+from parity import compare, moves  # noqa: E402
+
+CHAT = "default / t0.3-0.9 / ctx<4k"
+
+
+def _summary(ratio: float, *events: tuple[float, str, str]) -> dict[str, Any]:
+    return {
+        "verdict": {"adaptive_vs_oracle": ratio},
+        "events": [{"at": at, "slice": CHAT, "from": a, "to": b} for at, a, b in events],
+    }
+
+
+def test_moves_leave_out_probing_and_the_verdict_holds_both_bounds():
+    fell, probing = (93.0, "on/0", "fallen_back/1"), (124.0, "fallen_back/1", "probing/1")
+    replayed = _summary(1.02, fell, probing)
+    assert [(m.at, m.before, m.after) for m in moves(replayed["events"])[CHAT]] == [(93.0, 0, 1)]
+    assert compare(replayed, _summary(1.03, (100.0, "on/0", "fallen_back/1")), 30, 0.03).ok
+    late = compare(replayed, _summary(1.03, (140.0, "on/0", "fallen_back/1")), 30, 0.03)
+    assert not late.ok and "+47.0 s apart" in late.problems[0]
+    never = compare(replayed, _summary(1.09), 30, 0.03)
+    assert never.problems == (f"{CHAT}: move 1 only in replay", "adaptive / oracle 0.070 apart")
+
+
+def test_a_short_surge_decides_alike_in_replay_and_live():
+    command = [
+        sys.executable,
+        "parity.py",
+        "--policy",
+        "policies/mixed.yaml",
+        "--scenario",
+        "scenarios/parity-short.yaml",
+        "--time-scale",
+        "0.25",
+    ]
+    done = subprocess.run(command, cwd=BENCH, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: same decisions" in done.stdout
+    assert f"| {CHAT} |" in done.stdout  # the move happened, in both
