@@ -27,6 +27,7 @@ from gateway.forward.headers import decision_headers
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
 from gateway.forward.respond import SSEResponse, cancelled_on_disconnect
+from gateway.forward.shadow import short_probe
 from gateway.identity import remembered
 from gateway.measure.acceptance import Fold, Labels, Status
 from gateway.measure.answer import Measurement
@@ -402,11 +403,12 @@ def _mirror(services: Services, ask: Ask, labels: Labels) -> asyncio.Future[str]
     target = ask.decision.shadow_to
     if target is None:
         return None
-    features = ask.features
-    greedy = features.temperature == 0 and features.n == 1
+    features, short = ask.features, ask.decision.shadow_tokens
+    greedy = features.temperature == 0 and features.n == 1 and short is None
     capture = asyncio.get_running_loop().create_future() if greedy else None
-    cost = features.prompt_tokens + (features.max_tokens or _ASSUMED_OUTPUT)
+    cost = features.prompt_tokens + (short or features.max_tokens or _ASSUMED_OUTPUT)
+    payload = ask.payload if short is None else short_probe(ask.payload, ask.path, short)
     prompt = features.prompt_tokens
-    if services.shadow.mirror(target, ask.path, ask.payload, labels, cost, capture, prompt):
+    if services.shadow.mirror(target, ask.path, payload, labels, cost, capture, prompt):
         return capture
     return None

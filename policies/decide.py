@@ -130,9 +130,25 @@ def _probe(
 ) -> Decision:
     up = ladder.pools[rung - 1]
     share = state.probe_share or rule.guardrail.probe_fraction
-    if bucket("probe", features.request_id + slice_key) >= share:
+    drawn = bucket("probe", features.request_id + slice_key)
+    if drawn >= share + state.mirror_share:
         reason = f"rule {rule.name}: fallen back to {ladder.pools[rung]}, probing {up} elsewhere"
         return _serve(ladder, rule, slice_key, rung, start, reason, epoch=state.version)
+    if drawn >= share:
+        tokens = rule.guardrail.probe_tokens
+        reason = f"rule {rule.name}: fallen back to {ladder.pools[rung]}, short probe of {up}"
+        return _serve(
+            ladder,
+            rule,
+            slice_key,
+            rung,
+            start,
+            reason,
+            up,
+            probe=True,
+            epoch=state.version,
+            shadow_tokens=tokens,
+        )
     if rule.guardrail.probe is ProbeMode.SHADOW:
         reason = f"rule {rule.name}: fallen back to {ladder.pools[rung]}, mirrored probe of {up}"
         return _serve(
@@ -159,6 +175,7 @@ def _serve(
     *,
     probe: bool = False,
     epoch: int = 0,
+    shadow_tokens: int | None = None,
 ) -> Decision:
     rungs = ladder.pools[rung:] + ladder.pools[:rung][::-1]
     return Decision(
@@ -170,6 +187,7 @@ def _serve(
         start=start,
         reason=reason,
         shadow_to=shadow_to,
+        shadow_tokens=shadow_tokens,
         probe=probe,
         epoch=epoch,
     )

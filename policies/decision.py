@@ -11,7 +11,8 @@ class Decision:
 
     ``rungs`` is the failover order, ``pool`` first: down the ladder, then back up it, so a
     request fails only when no pool of its model can serve. ``shadow_to`` names a pool that
-    gets a mirrored copy for measurement (the client never sees its answer). ``probe`` marks
+    gets a mirrored copy for measurement (the client never sees its answer); ``shadow_tokens``,
+    when set, caps the output tokens the copy asks for (a short probe). ``probe`` marks
     a request the guardrail sent one rung up to test whether a fallen-back slice recovered.
     An empty ``rungs`` means no ladder serves the model. ``epoch`` is the version of the
     slice's guardrail state the decision read: outcomes are judged only in their own epoch.
@@ -26,6 +27,7 @@ class Decision:
     start: int
     reason: str
     shadow_to: str | None = None
+    shadow_tokens: int | None = None
     probe: bool = False
     epoch: int = 0
     arm: str = ""

@@ -79,6 +79,11 @@ class Rung:
     step: StepTime | None
     spans: tuple[Tally, ...] = ()
     transferred: bool = False
+    dispersion: float | None = None
+
+    @property
+    def prior_dispersion(self) -> float:
+        return PRIOR_DISPERSION if self.dispersion is None else self.dispersion
 
     @property
     def extra_var(self) -> float:
@@ -116,14 +121,25 @@ def transfer(tally: Tally, k_from: int, k_to: int) -> Tally:
     )
 
 
-def _pooled(tally: Tally) -> float:
-    """The span's own dispersion, pooled with the prior (a span that mixes two regimes is
+def _pooled(tally: Tally, prior: float = PRIOR_DISPERSION) -> float:
+    """The span's own dispersion, pooled with ``prior`` (a span that mixes two regimes is
     dispersed, so a collapse is judged on the newest requests, not through the mix)."""
     seen = tally.dispersion()
     if seen is None:
-        return PRIOR_DISPERSION
+        return prior
     weight = PRIOR_WEIGHT + tally.n - 1
-    return (PRIOR_WEIGHT * PRIOR_DISPERSION + (tally.n - 1) * seen) / weight
+    return (PRIOR_WEIGHT * prior + (tally.n - 1) * seen) / weight
+
+
+def dispersion(spans: tuple[Tally, ...]) -> float | None:
+    """What a slice's requests on one pool say of their own dispersion: its longest span's,
+    pooled with the generic prior, when that is the smaller; the prior of its shorter spans
+    (``Rung.dispersion``). A slice whose requests agree closely is judged on a few of its
+    newest (one probe of a healing can be enough); a slice that varies more, or a window
+    that mixes two regimes, is judged as cautiously as one never seen."""
+    if not spans or spans[-1].n < PRIOR_WEIGHT:
+        return None
+    return min(_pooled(spans[-1]), PRIOR_DISPERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +190,9 @@ def judge(
 ) -> Judgement | None:
     """Is ``upper`` or ``lower`` cheaper per output token? None without evidence: no step
     time for a rung, or fewer than ``min_samples`` measured requests where they are needed.
-    ``max_n`` limits the spans to the newest ``max_n`` requests (a probe round's own)."""
+    ``max_n`` limits the spans to the newest ``max_n`` requests (a probe round's own). A
+    longer span decides only the way the newest one leans: older requests that say
+    otherwise predate a change the newest already show."""
     subject, other = (upper, lower) if upper.spans or not lower.spans else (lower, upper)
     if subject.step is None or other.step is None or not subject.spans:
         return None
@@ -186,6 +204,7 @@ def judge(
     sign = 1.0 if subject is upper else -1.0
     last: Judgement | None = None
     newest: float | None = None
+    leans = 0.0
     for tally in subject.spans:
         per_step = tally.per_step
         if per_step is None or tally.n < min_samples or (max_n is not None and tally.n > max_n):
@@ -193,12 +212,16 @@ def judge(
         if other.k is not None and not other.spans and subject.k is not None:
             # carried over from the subject: from the same requests, not its whole window
             fixed = _carried(other, subject, tally) or fixed
-        var = subject.step.log_var + _pooled(tally) / tally.n + subject.extra_var + fixed.log_var
+        spread = _pooled(tally, subject.prior_dispersion)
+        var = subject.step.log_var + spread / tally.n + subject.extra_var + fixed.log_var
         if subject.k is None:
             per_step, var = 1.0, subject.step.log_var + fixed.log_var
         diff = sign * (base - math.log(per_step) - fixed.log_cost)
         z = diff / math.sqrt(max(var, 1e-12))
         verdict = -1 if z > z_needed else 1 if z < -z_needed else 0
+        leans = leans or diff
+        if verdict and verdict * leans > 0:  # older requests against the newest ones
+            verdict = 0
         up_steps = per_step if subject is upper else fixed.per_step
         down_steps = fixed.per_step if subject is upper else per_step
         newest = math.exp(diff) if newest is None else newest

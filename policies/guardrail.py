@@ -41,6 +41,8 @@ from policies.economics import Judgement
 from policies.model import Guardrail, ProbeMode
 
 MAX_PROBE_SHARE = 0.5
+HEAR_WITHIN = 10  # requests of a fallen-back slice within which one probes the rung above
+HEAR_EVERY_S = 30.0  # ... unless probes come at least this often anyway
 
 
 class Phase(StrEnum):
@@ -53,7 +55,8 @@ class Phase(StrEnum):
 class SliceState:
     """Where a slice stands: ``offset`` rungs below its rule's start rung, in ``phase``.
     ``rounds`` counts probe rounds that failed since the fall (the backoff), and
-    ``probe_share`` is the share of the slice's requests probing while ``PROBING``.
+    ``probe_share`` is the share of the slice's requests probing while ``PROBING``, and
+    ``mirror_share`` the share mirrored to the rung above as short probes besides.
     ``explore`` is a share of requests sent one rung *down* while the slice's judgement
     hinges on that pool's step time (it has served too little lately to be sure of):
     served there when ``explore_live`` (that rung is at least as cheap on the point
@@ -65,6 +68,7 @@ class SliceState:
     version: int = 0
     rounds: int = 0
     probe_share: float = 0.0
+    mirror_share: float = 0.0
     explore: float = 0.0
     explore_live: bool = False
 
@@ -196,7 +200,8 @@ class Economics:
     rung or without evidence): the cheapest of those it is dearer than with confidence,
     else the next one. ``above``: the rung above against the serving one, from everything
     in the window. ``probes``: the same from the newest probes since probing began alone
-    (``probe_count`` of them). ``rate``: the slice's requests per second.
+    (``probe_count`` of them). ``rate``: the slice's requests per second; ``tokens``: its
+    mean output tokens per request (None while unknown).
     """
 
     below: Judgement | None = None
@@ -205,6 +210,7 @@ class Economics:
     probe_count: int = 0
     rate: float = 0.0
     drop: int = 1
+    tokens: float | None = None
 
 
 def step_economic(
@@ -228,11 +234,23 @@ def step_economic(
     if not ready:
         return state, None
     share = probe_share(seen, config)
+    mirror = recovery_share(seen, config, share)
     if state.phase is Phase.PROBING:
-        return (state, None) if share == state.probe_share else (_share(state, share), None)
-    after = SliceState(state.offset, Phase.PROBING, now, state.version + 1, probe_share=share)
+        if (share, mirror) == (state.probe_share, state.mirror_share):
+            return state, None
+        return replace(state, probe_share=share, mirror_share=mirror), None
+    after = SliceState(
+        state.offset,
+        Phase.PROBING,
+        now,
+        state.version + 1,
+        probe_share=share,
+        mirror_share=mirror,
+    )
     reason = f"probing: {share:.1%} of requests to the rung above"
-    return after, Transition(slice_key, now, state, after, reason, {"probe_share": share})
+    reason += f", {mirror:.1%} mirrored there short" if mirror else ""
+    numbers = {"probe_share": share, "mirror_share": mirror}
+    return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
 def probe_share(seen: Economics, config: Guardrail) -> float:
@@ -244,10 +262,7 @@ def probe_share(seen: Economics, config: Guardrail) -> float:
     ratio is the one on the newest requests: a window that mixes healthy requests from
     before a collapse with the collapsed ones would say ~1 and probe a collapsed rung at
     the largest share."""
-    judged = seen.probes if seen.probes is not None else seen.above
-    ratio = 2.0
-    if judged is not None:
-        ratio = judged.newest_ratio if judged.newest_ratio is not None else judged.ratio
+    ratio = _last_ratio(seen)
     loss = ratio if config.probe is ProbeMode.SHADOW else ratio - 1.0
     share = config.probe_budget / max(loss, config.probe_budget / MAX_PROBE_SHARE)
     if config.max_cooldown_s > 0:
@@ -256,8 +271,32 @@ def probe_share(seen: Economics, config: Guardrail) -> float:
     return float(f"{share:.2g}")
 
 
-def _share(state: SliceState, share: float) -> SliceState:
-    return replace(state, probe_share=share)
+def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
+    """The share of a fallen-back slice's requests mirrored to the rung above as short probes
+    (``probe_tokens`` output tokens each), besides the ``live`` share of probes: enough for
+    one probe in ``HEAR_WITHIN`` of the slice's requests, but none where that would come more
+    than once in ``HEAR_EVERY_S`` (a busy slice's own probes tell a healing soon enough), and
+    at most what ``recovery_budget`` buys at a short probe's cost (its part of a request, f,
+    times the last known cost ratio r). So a quiet slice hears of a healing within about ten
+    of its requests, for a few percent of its cost while the rung above stays dear, where its
+    live probes alone would take a hundred. Two significant digits, as ``probe_share``."""
+    if config.recovery_budget <= 0 or seen.rate <= 0:
+        return 0.0
+    wanted = min(1.0 / HEAR_WITHIN, 1.0 / (seen.rate * HEAR_EVERY_S))
+    if wanted <= live:
+        return 0.0
+    part = min(config.probe_tokens / seen.tokens, 1.0) if seen.tokens else 1.0
+    cost = max(part * _last_ratio(seen), 1e-9)
+    share = min(wanted - live, config.recovery_budget / cost, MAX_PROBE_SHARE - live)
+    return max(float(f"{share:.2g}"), 0.0)
+
+
+def _last_ratio(seen: Economics) -> float:
+    """The rung above's cost ratio on the newest requests judged (2 before any is)."""
+    judged = seen.probes if seen.probes is not None else seen.above
+    if judged is None:
+        return 2.0
+    return judged.newest_ratio if judged.newest_ratio is not None else judged.ratio
 
 
 def _event(

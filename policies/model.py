@@ -203,6 +203,8 @@ class Guardrail(_Strict):
     probe_fraction: Annotated[float, Field(ge=0, le=1)] = 0.05
     probe: ProbeMode = ProbeMode.LIVE
     probe_budget: Annotated[float, Field(ge=0, le=1)] = 0.01
+    recovery_budget: Annotated[float, Field(ge=0, le=1)] = 0.02
+    probe_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.999
     min_speedup: Annotated[float, Field(gt=0)] = 1.0
     recover_speedup: Annotated[float, Field(gt=0)] = 1.1
@@ -226,6 +228,8 @@ class GuardrailOverride(_Strict):
     probe_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
     probe: ProbeMode | None = None
     probe_budget: Annotated[float, Field(ge=0, le=1)] | None = None
+    recovery_budget: Annotated[float, Field(ge=0, le=1)] | None = None
+    probe_tokens: Annotated[int, Field(ge=1, le=4096)] | None = None
     confidence: Annotated[float, Field(ge=0.5, lt=1)] | None = None
     min_speedup: Annotated[float, Field(gt=0)] | None = None
     recover_speedup: Annotated[float, Field(gt=0)] | None = None

@@ -42,6 +42,10 @@ _GUARDRAIL = {
     "probe": "live: serve probes from the rung above; shadow: mirror them instead",
     "probe_budget": "economic mode: the share of a fallen-back slice's cost its probes may "
     "add in expectation (probes of a rung barely dearer are many, of one far dearer few)",
+    "recovery_budget": "economic mode: the share of a fallen-back slice's cost that short "
+    "mirrored probes of the rung above may add, so that a quiet slice hears of a healing "
+    "within about ten of its requests (a busy one's live probes do without them)",
+    "probe_tokens": "economic mode: the output tokens a short mirrored probe asks for",
     "confidence": "economic mode: how sure the guardrail must be that the other rung is "
     "cheaper before it moves a slice (one-sided)",
     "min_speedup": "ignored (older files set it): the guardrail judges cost or acceptance",

@@ -48,6 +48,22 @@ class ShadowLimits:
     timeout_s: float = 120.0
 
 
+_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def short_probe(payload: dict[str, Any], path: str, tokens: int) -> dict[str, Any]:
+    """``payload`` asking for at most ``tokens`` output tokens, whichever way its API names
+    the limit (the guardrail's short probes: their tokens per step, not their answer)."""
+    capped = {key: min(payload[key], tokens) for key in _LIMITS if _count(payload.get(key))}
+    if not capped:
+        capped = {"max_output_tokens" if path.endswith("/responses") else "max_tokens": tokens}
+    return payload | capped
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 class ShadowRunner:
     """Starts, bounds, measures and drains shadow mirrors."""
 

@@ -17,13 +17,21 @@ whichever slice sent it (``steptimes.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.measure.slicerecord import SliceRecord, newest_tallies
 from gateway.measure.steptimes import StepTimes
 from gateway.measure.windows import spans
 from policies.compiled import CompiledPolicy, Ladder, Placement
-from policies.economics import Judgement, Rung, Tally, judge, span_targets, transfer
+from policies.economics import (
+    Judgement,
+    Rung,
+    Tally,
+    dispersion,
+    judge,
+    span_targets,
+    transfer,
+)
 from policies.guardrail import Economics, Evidence, Phase
 from policies.model import Guardrail
 from policies.steptime import StepTime
@@ -81,6 +89,7 @@ class Judge:
             above = judge(rungs[serving - 1], rungs[serving], min_samples=n, confidence=confidence)
             if entry.state.phase is Phase.PROBING and entry.probes:
                 fresh = self._rung(entry, ladder, serving - 1, load, _PROBE_SPANS, config, now)
+                fresh = replace(fresh, dispersion=rungs[serving - 1].dispersion)
                 probes = judge(
                     fresh, rungs[serving], min_samples=1, confidence=confidence, max_n=entry.probes
                 )
@@ -122,7 +131,8 @@ class Judge:
         prices = [policy.price(p) for p in ladder.pools if p in policy.pools]
         price = policy.price(pool)
         per_second = price / 3600.0 if price is not None and None not in prices else 1.0
-        return Rung(pool, k, per_second, step, tallies, transferred)
+        spread = None if transferred else dispersion(tallies)
+        return Rung(pool, k, per_second, step, tallies, transferred, spread)
 
     def _tallies(
         self, entry: SliceRecord, pool: str, k: int | None, targets: tuple[int, ...], now: float

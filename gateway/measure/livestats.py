@@ -245,7 +245,8 @@ class LiveStats:
         serving = place.serving(entry.state.offset)
         seen = self.judge.seen(entry, place, now)
         rate = entry.requests_per_s(now)
-        economics = replace(seen.economics, probe_count=entry.probes, rate=rate)
+        tokens = entry.mean_tokens(now)
+        economics = replace(seen.economics, probe_count=entry.probes, rate=rate, tokens=tokens)
         state, transition = step_economic(key, entry.state, economics, place.guardrail, now)
         if transition is not None:
             if transition.after.offset < entry.state.offset and _by_probes(economics):

@@ -79,6 +79,15 @@ class SliceRecord:
             out.add(total_since(buckets, now - self.window_s))
         return out
 
+    def mean_tokens(self, now: float) -> float | None:
+        """Output tokens per request on every pool in the window (this replica's), where the
+        steps were known: decode tokens, and the first."""
+        tokens = stepped = 0
+        for window in self.windows.values():
+            counts = window.total(now)
+            tokens, stepped = tokens + counts.tokens, stepped + counts.stepped
+        return tokens / stepped + 1.0 if stepped else None
+
     def requests_per_s(self, now: float) -> float:
         """Requests of every pool in the sliding window (all replicas), over the time the
         window has covered: since its oldest bucket, at least one bucket wide."""

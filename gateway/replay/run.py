@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import Any
 
@@ -38,6 +38,7 @@ from backends.sim.model import CostModel, StepCost
 from gateway import schema
 from gateway.classify import Defaults, classify
 from gateway.errors import ApiError
+from gateway.forward.shadow import short_probe
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
 from gateway.replay.bodies import build
 from gateway.replay.replicas import Gateway, Replicas
@@ -239,7 +240,8 @@ class _Driver:
         sent = _Sent(replica, features.prompt_tokens)
         self._submit(now, index, ask, decision, sent, shadow=False)
         if decision.shadow_to is not None:
-            self._submit(now, next(self.ids), ask, _mirror(decision), sent, shadow=True)
+            mirrored = _short(ask, decision.shadow_tokens)
+            self._submit(now, next(self.ids), mirrored, _mirror(decision), sent, shadow=True)
 
     def _skip(self, why: str) -> None:
         self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
@@ -314,6 +316,14 @@ class _Driver:
                 self._push(served.done + traffic.think_s, "req", pending.traffic, row.client)
             else:
                 self.active[pending.traffic].discard(row.client)
+
+
+def _short(ask: _Ask, tokens: int | None) -> _Ask:
+    """The request a short probe sends (``Decision.shadow_tokens``), as the gateway's."""
+    if tokens is None:
+        return ask
+    body = short_probe(ask.body, ask.path, tokens)
+    return replace(ask, body=body, max_tokens=min(ask.max_tokens, tokens))
 
 
 def _mirror(decision: Decision) -> Decision:
