@@ -201,7 +201,8 @@ class Economics:
     else the next one. ``above``: the rung above against the serving one, from everything
     in the window. ``probes``: the same from the newest probes since probing began alone
     (``probe_count`` of them). ``rate``: the slice's requests per second; ``tokens``: its
-    mean output tokens per request (None while unknown).
+    mean output tokens per request (None while unknown); ``since_probe``: seconds since its
+    newest probe's outcome (or since probing began), while it probes.
     """
 
     below: Judgement | None = None
@@ -211,6 +212,7 @@ class Economics:
     rate: float = 0.0
     drop: int = 1
     tokens: float | None = None
+    since_probe: float | None = None
 
 
 def step_economic(
@@ -279,12 +281,19 @@ def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
     at most what ``recovery_budget`` buys at a short probe's cost (its part of a request, f,
     times the last known cost ratio r). So a quiet slice hears of a healing within about ten
     of its requests, for a few percent of its cost while the rung above stays dear, where its
-    live probes alone would take a hundred. Two significant digits, as ``probe_share``."""
+    live probes alone would take a hundred. Requests are drawn at random, so the gaps between
+    probes vary; a probe overdue (``since_probe`` past the gap the share means) raises the
+    share in proportion until one comes, beyond the budget, which holds on average. Two
+    significant digits, as ``probe_share``."""
     if config.recovery_budget <= 0 or seen.rate <= 0:
         return 0.0
     wanted = min(1.0 / HEAR_WITHIN, 1.0 / (seen.rate * HEAR_EVERY_S))
     if wanted <= live:
         return 0.0
+    gap = 1.0 / (seen.rate * wanted)
+    if seen.since_probe is not None and seen.since_probe > gap:
+        overdue = min(wanted * seen.since_probe / gap, MAX_PROBE_SHARE) - live
+        return max(float(f"{overdue:.2g}"), 0.0)
     part = min(config.probe_tokens / seen.tokens, 1.0) if seen.tokens else 1.0
     cost = max(part * _last_ratio(seen), 1e-9)
     share = min(wanted - live, config.recovery_budget / cost, MAX_PROBE_SHARE - live)

@@ -122,6 +122,7 @@ class LiveStats:
         probing = current and entry.state.phase is Phase.PROBING
         if probing and labels.pool != place.pool(entry.state.offset):
             entry.probes += 1
+            entry.probed_at = now
         window_s = entry.window_s = place.guardrail.window_s
         window = entry.windows.get(labels.pool)
         if window is None or window.window_s != window_s:
@@ -246,7 +247,14 @@ class LiveStats:
         seen = self.judge.seen(entry, place, now)
         rate = entry.requests_per_s(now)
         tokens = entry.mean_tokens(now)
-        economics = replace(seen.economics, probe_count=entry.probes, rate=rate, tokens=tokens)
+        last = entry.probed_at if entry.probed_at is not None else entry.state.since
+        economics = replace(
+            seen.economics,
+            probe_count=entry.probes,
+            rate=rate,
+            tokens=tokens,
+            since_probe=now - last if entry.state.phase is Phase.PROBING else None,
+        )
         state, transition = step_economic(key, entry.state, economics, place.guardrail, now)
         if transition is not None:
             if transition.after.offset < entry.state.offset and _by_probes(economics):

@@ -34,6 +34,7 @@ class SliceRecord:
     window_s: float = 300.0
     economic: bool = False
     probes: int = 0
+    probed_at: float | None = None  # the newest probe's outcome, while probing
     recent: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
     judged: float = float("-inf")
     fresh: dict[str, float] = field(default_factory=dict)
@@ -153,6 +154,7 @@ class SliceRecord:
             self.remote.clear()
         self.proposed = False
         self.probes = 0
+        self.probed_at = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,124 @@
+"""What brings a slice back, and what moves it, when evidence is thin: short mirrored probes
+for quiet slices, a slice's own dispersion for its newest requests, the newest requests'
+lean, and live exploration while the judge leans towards the rung below."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from policies.compiled import load_policy
+from policies.decide import decide
+from policies.economics import Judgement, Rung, Tally, dispersion, judge, leaning
+from policies.features import Features
+from policies.guardrail import (
+    HEAR_WITHIN,
+    Economics,
+    Phase,
+    SliceState,
+    recovery_share,
+    step_economic,
+)
+from policies.model import Guardrail
+from policies.steptime import StepTime
+
+CONFIG = Guardrail()
+SPEC_STEP = StepTime(0.052, 0.0004, 500)
+STD_STEP = StepTime(0.028, 0.0004, 500)
+STANDARD = Rung("standard", None, 1.0, STD_STEP)
+
+
+def dear(ratio: float) -> Judgement:
+    """The rung above judged ``ratio`` times as dear on the newest requests, undecided."""
+    return Judgement(0, ratio, 1.0, 3, "why", newest_ratio=ratio)
+
+
+def test_a_quiet_slice_mirrors_short_probes_a_busy_one_does_not():
+    every_3s = Economics(above=dear(1.6), rate=1 / 3, tokens=192.0)
+    share = recovery_share(every_3s, CONFIG, live=0.02)
+    assert share == pytest.approx(1 / HEAR_WITHIN - 0.02, abs=0.005)  # one in ten, all told
+    # the budget caps it: a probe of 16 tokens of 192 costs 16/192 x 1.6 of a request
+    every_20s = Economics(above=dear(1.6), rate=0.05, tokens=48.0)
+    capped = recovery_share(every_20s, CONFIG, live=0.0)
+    assert capped == pytest.approx(CONFIG.recovery_budget / (16 / 48 * 1.6), rel=0.02)
+    # a busy slice's live probes come every few seconds: no short ones
+    busy = Economics(above=dear(1.6), rate=5.0, tokens=192.0)
+    assert recovery_share(busy, CONFIG, live=0.01) == 0.0
+    assert recovery_share(every_3s, Guardrail(recovery_budget=0), live=0.0) == 0.0
+
+
+def test_probing_says_its_short_mirrors_and_a_short_probe_is_decided_as_such():
+    fallen = SliceState(1, Phase.FALLEN_BACK, 0.0, 1)
+    seen = Economics(above=dear(1.6), rate=1 / 3, tokens=192.0)
+    probing, event = step_economic("s", fallen, seen, CONFIG, 31.0)
+    assert probing.phase is Phase.PROBING and probing.mirror_share > 0
+    assert event is not None and "mirrored there short" in event.reason
+    policy = load_policy(
+        """
+version: 1
+pools:
+  spec: {kind: speculative, model: m, num_speculative_tokens: 4, endpoints: ["http://a"]}
+  standard: {kind: standard, model: m, endpoints: ["http://b"]}
+ladder: [spec, standard]
+rules: [{name: default, start: spec}]
+"""
+    )
+    key = "default / t<=0.3 / ctx<4k"
+    state = SliceState(1, Phase.PROBING, 0.0, 2, probe_share=0.0001, mirror_share=0.9999)
+    features = Features("/v1/chat/completions", "m", temperature=0, request_id="r-7")
+    decision = decide(features, policy, {}, {key: state}, 40.0)
+    assert decision.pool == "standard" and decision.shadow_to == "spec"
+    assert decision.shadow_tokens == CONFIG.probe_tokens and decision.probe
+    assert "short probe of spec" in decision.reason
+
+
+def _tally(per_step: float, n: int, spread: float) -> Tally:
+    """``n`` requests of 100 tokens, their tokens per step alternating about ``per_step``."""
+    t = s = tt = ss = ts = 0.0
+    for i in range(n):
+        steps = 100 / (per_step * (1 + spread * (-1) ** i))
+        t, s, tt, ss, ts = t + 100, s + steps, tt + 1e4, ss + steps * steps, ts + 100 * steps
+    return Tally(n, t, s, tt, ss, ts)
+
+
+def test_a_slice_whose_requests_agree_is_judged_on_fewer_of_them():
+    one = _tally(3.3, 1, 0.0)
+    steady = dispersion((one, _tally(3.3, 40, 0.03)))
+    varied = dispersion((one, _tally(3.3, 40, 0.6)))
+    assert steady is not None and steady < 0.01 and varied == pytest.approx(0.09)
+    assert dispersion((one,)) is None  # too few to say
+    generic = judge(
+        Rung("spec", 4, 1.0, SPEC_STEP, (one,)), STANDARD, min_samples=1, confidence=0.999
+    )
+    own = judge(
+        Rung("spec", 4, 1.0, SPEC_STEP, (one,), dispersion=steady),
+        STANDARD,
+        min_samples=1,
+        confidence=0.999,
+    )
+    assert generic is not None and own is not None
+    assert generic.verdict == 0 and own.verdict == 1  # one healed probe is enough
+
+
+def test_older_requests_do_not_decide_against_the_newest():
+    collapsed = _tally(1.6, 3, 0.3)  # a little dearer above, not surely
+    healthy = _tally(3.8, 80, 0.05)
+    total = Tally(*(getattr(collapsed, f) + getattr(healthy, f) for f in Tally.__slots__))
+    above = judge(
+        Rung("spec", 4, 1.0, SPEC_STEP, (collapsed, total)),
+        STANDARD,
+        min_samples=3,
+        confidence=0.999,
+    )
+    assert above is not None and above.verdict == 0  # the newest three lean the other way
+    assert above.ratio < 1  # though all of them together say the rung above is cheaper
+
+
+def test_exploration_leans_with_an_unsure_judge():
+    assert leaning(Judgement(0, 1.15, 1.6, 40, "")) == pytest.approx(0.25)  # capped
+    assert leaning(Judgement(0, 1.02, 0.3, 40, "")) == pytest.approx(
+        round(0.5 * math.erf(0.3 / math.sqrt(2)), 2)
+    )
+    assert leaning(Judgement(0, 0.9, -0.5, 40, "")) == 0.0  # leans the other way
+    assert leaning(Judgement(-1, 1.5, 4.0, 40, "")) == 0.0  # sure: it moves instead
