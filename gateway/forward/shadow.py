@@ -35,6 +35,7 @@ from gateway.measure.canary import Canary
 from gateway.measure.checks import Checks
 from gateway.measure.completions import answer_text
 from gateway.measure.telemetry import Telemetry
+from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 _HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
@@ -46,6 +47,39 @@ class ShadowLimits:
     tokens_per_minute: float = 200_000
     max_outstanding: int = 16
     timeout_s: float = 120.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> ShadowLimits:
+        return cls(
+            settings.shadow_max_concurrency,
+            settings.shadow_tokens_per_minute,
+            settings.shadow_max_outstanding,
+            settings.shadow_timeout_s,
+        )
+
+
+class Admission:
+    """Whether a mirror may start, by ``ShadowLimits``: mirrors in flight, the target pool's
+    least busy endpoint (by this gateway's own count), and the token budget a minute. Pure;
+    ``now`` is an argument (the replay admits its mirrors by the same rules)."""
+
+    __slots__ = ("_budget", "limits")
+
+    def __init__(self, limits: ShadowLimits, now: float) -> None:
+        self.limits = limits
+        self._budget = TokenBucket(limits.tokens_per_minute, now)
+
+    def refusal(
+        self, running: int, least_outstanding: int | None, cost_tokens: int, now: float
+    ) -> str | None:
+        """Why not (a metric's label), or None: the mirror starts and its tokens are spent."""
+        if running >= self.limits.max_concurrency:
+            return "dropped_concurrency"
+        if least_outstanding is None or least_outstanding >= self.limits.max_outstanding:
+            return "dropped_pool_busy"
+        if not self._budget.take(cost_tokens, now):
+            return "dropped_budget"
+        return None
 
 
 _LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
@@ -84,7 +118,7 @@ class ShadowRunner:
         self._limits = limits
         self.canary = canary or Canary(telemetry)
         self._prefilled = prefilled  # told each mirror's prompt, once its stream opens
-        self._budget = TokenBucket(limits.tokens_per_minute, clock())
+        self._admission = Admission(limits, clock())
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -117,14 +151,9 @@ class ShadowRunner:
         return True
 
     def _refusal(self, pool: str, cost_tokens: int) -> str | None:
-        if len(self._tasks) >= self._limits.max_concurrency:
-            return "dropped_concurrency"
         endpoints = self._pools.candidates(pool)
-        if not endpoints or endpoints[0].outstanding >= self._limits.max_outstanding:
-            return "dropped_pool_busy"
-        if not self._budget.take(cost_tokens, self._clock()):
-            return "dropped_budget"
-        return None
+        least = endpoints[0].outstanding if endpoints else None
+        return self._admission.refusal(len(self._tasks), least, cost_tokens, self._clock())
 
     async def _run(
         self,

@@ -16,7 +16,10 @@ on the same period in virtual time, at the first event on or after it is due:
 - with several replicas, each syncs with the shared store every ``sync_interval_s``
   (``gateway/replay/shared.py``), staggered.
 
-An outcome reaches a replica's live statistics the way ``Feedback.record`` hands it on
+A replica admits shadow mirrors by the gateway's own bounds (``Admission``: mirrors in
+flight, the target pool's least busy endpoint by the replica's own count, a token budget a
+minute, at the gateway's default bounds), so a busy pool drops mirrors here as it does
+live. An outcome reaches a replica's live statistics the way ``Feedback.record`` hands it on
 live: with its mean load and the prompts prefilled beside it (``loaded_outcome``), which a
 replica knows only of its own requests, each counted when its first token comes out (a
 stream's first event). Pure: no I/O, no clock.
@@ -28,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backends.pool import InFlight
+from gateway.forward.shadow import Admission, ShadowLimits
 from gateway.measure.acceptance import Outcome
 from gateway.measure.livestats import TICK_EVERY_S, LiveStats
 from gateway.measure.load import SAMPLE_EVERY_S, LoadMeter, loaded_outcome
@@ -64,6 +68,17 @@ class Gateway:
     clock: list[float]
     flights: dict[str, InFlight] = field(default_factory=dict)
     due: dict[str, _Due] = field(default_factory=dict)
+    admission: Admission = field(default_factory=lambda: Admission(ShadowLimits(), 0.0))
+    mirrors: int = 0  # in flight
+
+    def mirror(self, endpoints: Sequence[str], cost_tokens: int, now: float) -> bool:
+        """Whether a mirror to a pool of ``endpoints`` starts (counted in flight if so)."""
+        own = [self.flights[name].count if name in self.flights else 0 for name in endpoints]
+        least = min(own) if own else None
+        if self.admission.refusal(self.mirrors, least, cost_tokens, now) is not None:
+            return False
+        self.mirrors += 1
+        return True
 
     def sent(self, endpoint: str) -> None:
         flight = self._flight(endpoint)

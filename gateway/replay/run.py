@@ -239,9 +239,12 @@ class _Driver:
             return
         sent = _Sent(replica, features.prompt_tokens)
         self._submit(now, index, ask, decision, sent, shadow=False)
-        if decision.shadow_to is not None:
+        target = decision.shadow_to
+        if target is not None:
             mirrored = _short(ask, decision.shadow_tokens)
-            self._submit(now, next(self.ids), mirrored, _mirror(decision), sent, shadow=True)
+            cost = features.prompt_tokens + mirrored.max_tokens
+            if replica.mirror(self.cluster.endpoints()[target], cost, now):
+                self._submit(now, next(self.ids), mirrored, _mirror(decision), sent, shadow=True)
 
     def _skip(self, why: str) -> None:
         self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
@@ -295,6 +298,7 @@ class _Driver:
     def _finished(self, served: Served) -> None:
         pending = self.pending.pop(served.key)
         pending.replica.done(served.endpoint)
+        pending.replica.mirrors -= pending.row.shadow
         self.in_flight -= 1
         row = pending.row
         span = served.done - served.arrival

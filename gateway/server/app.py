@@ -157,12 +157,7 @@ def _shadow(
     telemetry: Telemetry,
     feedback: Feedback,
 ) -> ShadowRunner:
-    limits = ShadowLimits(
-        settings.shadow_max_concurrency,
-        settings.shadow_tokens_per_minute,
-        settings.shadow_max_outstanding,
-        settings.shadow_timeout_s,
-    )
+    limits = ShadowLimits.of(settings)
     canary = CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples)
     alarm = Canary(telemetry, canary, feedback.canary_failed)
     return ShadowRunner(pools, clock, checks, telemetry, limits, alarm, feedback.prefilled)
