@@ -2,8 +2,8 @@
 (or, for pools that allow it, one whole non-streamed answer).
 
 Uses one ``backends/http1.py`` client (keep-alive connections per endpoint, a limit on
-connections): it costs a tenth of the CPU per request that aiohttp did, and aiohttp a third
-of what httpx did (bench/RESULTS.md, "Upstream HTTP client"). Every client and socket
+connections): it costs a third to a fifth of the CPU per request that aiohttp did
+(bench/RESULTS.md, "Upstream HTTP client", has the figures). Every client and socket
 exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
 
 A stream's first events are the upstream's answer as much as its status line is. vLLM checks
