@@ -30,7 +30,7 @@ from backends.errors import (
 )
 from backends.outlier import Detector, Health, HealthState, OutlierRules
 from backends.retries import BreakBudget
-from backends.upstream import Timeouts, Upstream, UpstreamStream
+from backends.upstream import Reply, Timeouts, Upstream, UpstreamStream
 
 T = TypeVar("T")
 
@@ -109,6 +109,16 @@ class Completed:
     spec: PoolSpec
     endpoint: Endpoint
     body: bytes
+    attempts: tuple[Attempt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exchanged:
+    """An answer passed on as it came (``Pools.exchange``), and where it came from."""
+
+    spec: PoolSpec
+    endpoint: Endpoint
+    reply: Reply
     attempts: tuple[Attempt, ...]
 
 
@@ -214,6 +224,12 @@ class Pools:
         self._sweep(pool, now)
         return any(not e.health.ejected(now) for e in self.endpoints.get(pool, ()))
 
+    def endpoint(self, url: str) -> Endpoint | None:
+        """The endpoint at ``url`` in any pool, in service or not; None when no pool has it
+        (the policy or discovery dropped it)."""
+        url = url.rstrip("/")
+        return next((e for group in self.endpoints.values() for e in group if e.url == url), None)
+
     def urls(self, rungs: Sequence[str]) -> list[str]:
         """Every endpoint of the ladder, in service or not."""
         return [e.url for name in dict.fromkeys(rungs) for e in self.endpoints.get(name, ())]
@@ -256,15 +272,19 @@ class Pools:
         body: bytes | Callable[[PoolSpec], bytes],
         headers: Mapping[str, str],
         avoid: Collection[str] = (),
+        *,
+        at: Endpoint | None = None,
     ) -> Opened:
         """The first stream, down ``rungs``, that yields an event; ``body`` may depend on
-        the pool (an engine that needs a field the others refuse)."""
+        the pool (an engine that needs a field the others refuse). ``at``: that endpoint
+        alone (``exchange``)."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
             sent = body(spec) if callable(body) else body
             return await self._upstream.open(endpoint.url + path, sent, headers, spec.timeouts)
 
-        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid)
+        plan = self._only(at)
+        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid, plan=plan)
         return Opened(spec, endpoint, stream, attempts, self)
 
     async def complete(
@@ -275,9 +295,12 @@ class Pools:
         headers: Mapping[str, str],
         avoid: Collection[str] = (),
         budget: BreakBudget | None = None,
+        *,
+        at: Endpoint | None = None,
     ) -> Completed:
         """The first whole non-streamed answer, down ``rungs``; an answer that broke part
-        way is tried again on a fresh plan while ``budget`` allows."""
+        way is tried again on a fresh plan while ``budget`` allows. ``at``: that endpoint
+        alone (``exchange``)."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
             sent = body(spec) if callable(body) else body
@@ -296,10 +319,40 @@ class Pools:
                 given_up = "its endpoint was ejected while the answer was awaited"
                 raise UpstreamTimeout(given_up) from None
 
-        spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid, budget)
+        plan = self._only(at)
+        spec, endpoint, answer, attempts = await self._first(
+            rungs, attempt, avoid, None if at else budget, plan
+        )
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
         return Completed(spec, endpoint, answer, attempts)
+
+    async def exchange(
+        self,
+        rungs: Sequence[str],
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        at: Endpoint | None = None,
+    ) -> Exchanged:
+        """The first answer, down ``rungs``, passed on as it came: a request to one of the
+        engine's other routes. ``at`` pins it to that endpoint alone (the one that holds the
+        state the request refers to), in service or not: no other can answer it."""
+
+        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> Reply:
+            url = endpoint.url + path
+            return await self._upstream.exchange(method, url, body, headers, spec.timeouts)
+
+        plan = self._only(at)
+        spec, endpoint, reply, attempts = await self._first(rungs, attempt, (), plan=plan)
+        endpoint.outstanding -= 1
+        self.succeeded(endpoint)
+        return Exchanged(spec, endpoint, reply, attempts)
+
+    def _only(self, at: Endpoint | None) -> list[tuple[PoolSpec, Endpoint]] | None:
+        return None if at is None else [(self.specs[at.pool], at)]
 
     def _plan(
         self, rungs: Sequence[str], avoid: Collection[str]
@@ -329,13 +382,15 @@ class Pools:
         attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
         avoid: Collection[str],
         budget: BreakBudget | None = None,
+        plan: list[tuple[PoolSpec, Endpoint]] | None = None,
     ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
-        """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised.
-        With a ``budget``, an answer that broke part way starts a fresh plan (the endpoints
-        whose answers broke last) while the budget allows, and ends the tries when not."""
+        """Try endpoints down the rungs (or those of ``plan``) until one answers; its
+        ``outstanding`` stays raised. With a ``budget``, an answer that broke part way starts
+        a fresh plan (the endpoints whose answers broke last) while the budget allows, and
+        ends the tries when not."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
-        plan = self._plan(rungs, avoid)
+        plan = self._plan(rungs, avoid) if plan is None else plan
         while plan:
             spec, endpoint = plan.pop(0)
             try:

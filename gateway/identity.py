@@ -1,13 +1,14 @@
 """Who a request comes from: its tenant, from a source the operator trusts. Part of step 1.
 
-By default the API key: the bearer token of ``Authorization`` is hashed (SHA-256) and looked
-up among the keys the policy file gives its tenants (``tenants: {acme: {api_keys:
-[sha256:...]}}``); the key itself is never kept, logged, forwarded or compared in the clear.
-A request with no key the policy knows is the tenant ``anonymous`` (which the policy may
-give a concurrency cap, deny a flag, or match in a rule); with
-``SPECLANE_REQUIRE_API_KEY=true`` it is refused with 401 instead. A header names the
-tenant only when the operator sets ``SPECLANE_TRUSTED_TENANT_HEADER``, declaring that an
-authenticating proxy in front sets it and drops whatever clients sent.
+By default the API key: the bearer token of ``Authorization``, or the ``x-api-key`` header
+(Anthropic's clients send that instead), is hashed (SHA-256) and looked up among the keys
+the policy file gives its tenants (``tenants: {acme: {api_keys: [sha256:...]}}``); the key
+itself is never kept, logged, forwarded or compared in the clear. A request with no key the
+policy knows is the tenant ``anonymous`` (which the policy may give a concurrency cap, deny
+a flag, or match in a rule); with ``SPECLANE_REQUIRE_API_KEY=true`` it is refused with 401
+instead. A header names the tenant only when the operator sets
+``SPECLANE_TRUSTED_TENANT_HEADER``, declaring that an authenticating proxy in front sets it
+and drops whatever clients sent.
 
 Nothing in the body picks a tenant. The body's ``user`` only keeps one user in one rollout
 arm, and is scoped by tenant: the same ``user`` in two tenants is two users.
@@ -43,6 +44,17 @@ def key_hash(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
+def api_key(headers: Mapping[str, str]) -> str:
+    """The request's API key: the bearer token of ``Authorization``, else ``x-api-key``;
+    empty when it has neither."""
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        key = authorization[7:].strip()
+        if key:
+            return key
+    return headers.get("x-api-key", "").strip()
+
+
 def caller_from(
     headers: Mapping[str, str], trusted_header: str | None, keys: Mapping[str, str]
 ) -> Caller:
@@ -51,8 +63,7 @@ def caller_from(
         named = headers.get(trusted_header)
         if named is not None and _TENANT.fullmatch(named):
             return Caller(named, named)
-    authorization = headers.get("authorization", "")
-    key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    key = api_key(headers)
     if not key:
         return Caller(ANONYMOUS)
     hashed = key_hash(key)
@@ -81,7 +92,7 @@ class Identity:
         if self._require and found.tenant == ANONYMOUS:
             raise ApiError(
                 status=401,
-                message="a valid API key is required (Authorization: Bearer <key>)",
+                message="a valid API key is required (Authorization: Bearer <key>, or x-api-key)",
                 code="invalid_api_key",
             )
         return found

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from gateway import pipeline
 from gateway.errors import JSON
 from gateway.forward.respond import SSEResponse
+from gateway.server import relayed
 from gateway.server.health import pool_health
 from gateway.services import Services
 
@@ -22,7 +23,7 @@ def _json(body: object, status: int = 200) -> Response:
 
 
 class Api:
-    """The OpenAI-compatible endpoints and the health checks."""
+    """The OpenAI-compatible endpoints, the engine's other routes and the health checks."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -32,6 +33,15 @@ class Api:
 
     async def completions(self, request: Request) -> Response | SSEResponse:
         return await pipeline.complete(self.services, request, "completion")
+
+    async def other_route(self, request: Request) -> Response:
+        return await relayed.other_route(self.services, request)
+
+    async def model_card(self, request: Request) -> Response:
+        return await relayed.model_card(self.services, request)
+
+    async def stored_response(self, request: Request) -> Response:
+        return await relayed.stored_response(self.services, request)
 
     async def models(self, request: Request) -> Response:
         created = int(time.time())
