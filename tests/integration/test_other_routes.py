@@ -88,9 +88,12 @@ async def sims(tmp: Path, extra: str = "", **overrides: Any) -> AsyncIterator[St
 
 @asynccontextmanager
 async def echoes(tmp: Path, extra: str = "") -> AsyncIterator[Stack]:
-    async with serving(echo("spec")) as spec, serving(echo("standard")) as std:
-        async with gateway(settings(tmp, policy([spec], [std], extra))) as (url, _):
-            yield Stack(url, spec, std)
+    async with (
+        serving(echo("spec")) as spec,
+        serving(echo("standard")) as std,
+        gateway(settings(tmp, policy([spec], [std], extra))) as (url, _),
+    ):
+        yield Stack(url, spec, std)
 
 
 SIM_CALLS = [
@@ -160,10 +163,14 @@ async def test_audio_goes_as_multipart_bytes_to_the_model_the_form_names(tmp_pat
 async def test_multipart_body_bytes_reach_upstream_unchanged(tmp_path):
     boundary = "b0undary"
     body = (
-        f'--{boundary}\r\ncontent-disposition: form-data; name="model"\r\n\r\n{MODEL}\r\n'
-        f'--{boundary}\r\ncontent-disposition: form-data; name="file"; filename="a.wav"\r\n'
-        "content-type: audio/wav\r\n\r\n"
-    ).encode() + bytes(range(256)) + f"\r\n--{boundary}--\r\n".encode()
+        (
+            f'--{boundary}\r\ncontent-disposition: form-data; name="model"\r\n\r\n{MODEL}\r\n'
+            f'--{boundary}\r\ncontent-disposition: form-data; name="file"; filename="a.wav"\r\n'
+            "content-type: audio/wav\r\n\r\n"
+        ).encode()
+        + bytes(range(256))
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
     async with echoes(tmp_path) as stack, httpx.AsyncClient() as c:
         via = await c.post(stack.url + "/v1/audio/transcriptions", content=body, headers=headers)
@@ -195,12 +202,14 @@ async def test_a_dead_endpoint_fails_over_to_the_next_one_and_the_next_pool(tmp_
 
 async def test_every_endpoint_down_is_a_503(tmp_path):
     dead = [f"http://127.0.0.1:{free_port()}"]
-    async with gateway(settings(tmp_path, policy(dead, dead))) as (url, _):
-        async with httpx.AsyncClient() as c:
-            plain = await c.post(url + "/v1/embeddings", json={"model": MODEL, "input": "x"})
-            anthropic = await c.post(
-                url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": []}
-            )
+    async with (
+        gateway(settings(tmp_path, policy(dead, dead))) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        plain = await c.post(url + "/v1/embeddings", json={"model": MODEL, "input": "x"})
+        anthropic = await c.post(
+            url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": []}
+        )
     assert plain.status_code == 503
     assert plain.json()["error"]["code"] == "no_healthy_upstream"
     assert "retry-after" in plain.headers
@@ -264,7 +273,9 @@ async def test_keys_are_required_alike_bearer_or_x_api_key(tmp_path):
         bearer = await c.post(
             stack.url + "/tokenize", json=body, headers={"authorization": "Bearer sk-acme"}
         )
-        x_api_key = await c.post(stack.url + "/tokenize", json=body, headers={"x-api-key": "sk-acme"})
+        x_api_key = await c.post(
+            stack.url + "/tokenize", json=body, headers={"x-api-key": "sk-acme"}
+        )
         anthropic = await c.post(
             stack.url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": "wrong"}
         )
