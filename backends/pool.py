@@ -12,7 +12,8 @@ endpoint that gets ejected meanwhile (its streams timed out, its metrics page st
 answering) is given up at once and tried elsewhere, instead of waiting out ``total_s`` on a
 hung server. ``Pools.exchange`` sends a request of any method down the rungs the same way
 and passes its answer on as it came (the engine's other routes); ``at=`` pins a request to
-the one endpoint that holds what it refers to (a stored response). Knows nothing of policies or the gateway: pools are names here.
+the one endpoint that holds what it refers to (a stored response). Knows nothing of
+policies or the gateway: pools are names here.
 """
 
 from __future__ import annotations
