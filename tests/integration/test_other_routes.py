@@ -15,6 +15,10 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,6 +28,7 @@ from starlette.routing import Route
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from gateway.identity import key_hash
+from gateway.server.app import build_services, create_app
 from tests.gateways import gateway, settings
 from tests.servers import free_port, serving
 
@@ -304,3 +309,26 @@ async def test_counted_by_endpoint_in_metrics(tmp_path):
     assert counted[("/tokenize", "passthrough", "standard", "ok")] == 2
     assert counted[("/detokenize", "passthrough", "standard", "error")] == 1
     assert counted[("/v1/chat/completions", "default", "spec", "ok")] == 1
+
+
+async def test_traced_with_a_forward_step_under_the_clients_trace(tmp_path):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with serving(echo("spec")) as spec, serving(echo("standard")) as std:
+        configured = settings(tmp_path, policy([spec], [std]))
+        services = build_services(configured, tracers=provider)
+        async with serving(create_app(configured, services)) as url, httpx.AsyncClient() as c:
+            await c.post(
+                url + "/v1/embeddings",
+                json={"model": MODEL, "input": "x"},
+                headers={"traceparent": parent},
+            )
+    spans = exporter.get_finished_spans()
+    (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
+    assert server.name == "embeddings"
+    assert format(server.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert server.attributes["http.response.status_code"] == 200
+    children = [s.name for s in spans if s.parent and s.parent.span_id == server.context.span_id]
+    assert children == ["parse", "forward"]
