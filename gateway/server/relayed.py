@@ -32,11 +32,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backends.errors import BackendError
-from backends.pool import Attempt, Endpoint
+from backends.pool import Attempt, Endpoint, Exchanged
 from gateway.errors import JSON, ApiError, bad_request, from_backend, response_not_found
 from gateway.forward.headers import route_headers
+from gateway.forward.respond import cancelled_on_disconnect
 from gateway.measure.tracing import Trace
-from gateway.pipeline import _read_body, _request_id
+from gateway.pipeline import _client_closed, _read_body, _request_id
 from gateway.services import Services
 from gateway.state.pins import valid_id
 
@@ -115,7 +116,7 @@ async def stored_response(services: Services, request: Request) -> Response:
     """``GET``/``DELETE /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``: to the
     endpoint that stored the response."""
     response_id: str = request.path_params["response_id"]
-    method: str = request.method
+    method = "GET" if request.method == "HEAD" else request.method  # a HEAD's answer has no body
     cancel = request.scope["path"].endswith("/cancel")
     route = STORED + ("/cancel" if cancel else "")
 
@@ -167,7 +168,9 @@ async def _relay(
         return _failed(services, trace, route, request_id, exc)
     try:
         prepared = await prepare(trace)
-        if isinstance(prepared, Response):
+        if isinstance(prepared, Response):  # nowhere to send it: the engine's own answer
+            services.telemetry.error(prepared.status_code, "response_not_found")
+            prepared.headers["x-request-id"] = request_id
             trace.end(prepared.status_code)
             return prepared
         answer = await _forward(services, request, trace, route, request_id, prepared)
@@ -189,18 +192,22 @@ async def _forward(
     headers = {h: v for h in _FORWARDED if (v := request.headers.get(h)) is not None}
     headers["x-request-id"] = request_id
     first = call.rungs[0]
+    done: Exchanged | None = None
     with trace.step("forward"):
         trace.inject(headers)
-        try:
-            done = await services.pools.exchange(
-                call.rungs, call.method, call.target, call.body, headers, at=call.at
-            )
-        except BackendError as exc:
-            telemetry.failover(first, "exhausted", "none")
-            telemetry.relayed(call.model, call.rule, first, "error", route)
-            error = from_backend(exc)
-            error.headers = _headers(services, request_id, first, call)
-            raise error from None
+        async with cancelled_on_disconnect(request.receive):  # a client gone cancels upstream
+            try:
+                done = await services.pools.exchange(
+                    call.rungs, call.method, call.target, call.body, headers, at=call.at
+                )
+            except BackendError as exc:
+                telemetry.failover(first, "exhausted", "none")
+                telemetry.relayed(call.model, call.rule, first, "error", route)
+                error = from_backend(exc)
+                error.headers = _headers(services, request_id, first, call)
+                raise error from None
+    if done is None:
+        raise _client_closed()
     served = done.spec.name
     for attempt in done.attempts:
         telemetry.upstream_failure(attempt.pool)
