@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -332,3 +333,25 @@ async def test_traced_with_a_forward_step_under_the_clients_trace(tmp_path):
     assert server.attributes["http.response.status_code"] == 200
     children = [s.name for s in spans if s.parent and s.parent.span_id == server.context.span_id]
     assert children == ["parse", "forward"]
+
+
+async def test_a_client_that_hangs_up_cancels_the_upstream_request(tmp_path):
+    hung_up = anyio.Event()
+
+    async def slow(request: Request) -> Response:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        hung_up.set()  # the gateway closed its connection
+        return Response(b"{}")
+
+    upstream = Starlette(routes=[Route("/tokenize", slow, methods=["POST"])])
+    async with (
+        serving(upstream) as spec,
+        serving(upstream) as std,
+        gateway(settings(tmp_path, policy([spec], [std]))) as (url, _),
+    ):
+        async with httpx.AsyncClient(timeout=0.3) as c:
+            with pytest.raises(httpx.TimeoutException):
+                await c.post(url + "/tokenize", json={"model": MODEL, "prompt": "x"})
+        with anyio.fail_after(5):
+            await hung_up.wait()

@@ -161,3 +161,16 @@ async def test_two_gateways_sharing_redis_see_each_others_pins(tmp_path):
     assert stored == sims.b.encode()
     assert answer.status_code == 200 and answer.json() == STORED
     assert answer.headers["x-speclane-reason"] == f"pinned: response resp_b1 on {sims.b}"
+
+
+async def test_an_endpoint_a_reload_removed_no_longer_answers_for_its_responses(tmp_path):
+    async with pool() as sims, gateway_before(tmp_path, sims) as (url, services):
+        await services.pins.remember("resp_b1", sims.b)
+        async with httpx.AsyncClient() as c:
+            before = await c.get(url + "/v1/responses/resp_b1")
+            services.policy.path.write_text(policy(sims.spec, [sims.a]))
+            assert (await services.policy.reload()).changed
+            after = await c.get(url + "/v1/responses/resp_b1")
+    assert before.status_code == 200
+    assert after.status_code == 404
+    assert after.json()["error"]["message"] == "Response with id 'resp_b1' not found."
