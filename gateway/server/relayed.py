@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backends.errors import BackendError
-from backends.pool import Attempt, Endpoint, Exchanged
+from backends.pool import Attempt, Exchanged
 from gateway.errors import JSON, ApiError, bad_request, from_backend, response_not_found
 from gateway.forward.headers import route_headers
 from gateway.forward.respond import cancelled_on_disconnect
@@ -69,6 +69,7 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    503: "overloaded_error",
 }
 
 
@@ -83,7 +84,7 @@ class Call:
     why: str
     rule: str
     model: str
-    at: Endpoint | None = None
+    pinned: str | None = None  # the one endpoint that may serve it
 
 
 Prepare = Callable[[Trace], Awaitable[Call | Response]]
@@ -129,7 +130,8 @@ async def stored_response(services: Services, request: Request) -> Response:
         why = f"pinned: response {response_id} on {endpoint.url}"
         spec = services.pools.specs[endpoint.pool]
         target = _target(request)
-        return Call(method, target, body, (endpoint.pool,), why, "pinned", spec.model, endpoint)
+        rungs = (endpoint.pool,)
+        return Call(method, target, body, rungs, why, "pinned", spec.model, endpoint.url)
 
     operation = "cancel_response" if cancel else f"{method.lower()}_response"
     return await _relay(services, request, route, operation, prepare)
@@ -198,7 +200,7 @@ async def _forward(
         async with cancelled_on_disconnect(request.receive):  # a client gone cancels upstream
             try:
                 done = await services.pools.exchange(
-                    call.rungs, call.method, call.target, call.body, headers, at=call.at
+                    call.rungs, call.method, call.target, call.body, headers, pinned=call.pinned
                 )
             except BackendError as exc:
                 telemetry.failover(first, "exhausted", "none")

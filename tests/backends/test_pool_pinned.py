@@ -1,4 +1,4 @@
-"""``at=``: a request pinned to one endpoint of a pool goes there alone, whatever the pool's
+"""``pinned=``: a request pinned to one endpoint of a pool goes there alone, whatever the pool's
 load would choose, streamed, whole or passed through; against real simulators."""
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ async def test_pinned_requests_go_to_their_endpoint_alone():
     try:
         async with serving(create_app(CONFIG)) as a, serving(create_app(CONFIG)) as b:
             pools = Pools([PoolSpec("std", "tiny", (a, b))], upstream, lambda: 0.0)
-            at = pools.endpoint(b + "/")
-            assert at is not None and pools.endpoint("http://127.0.0.1:9") is None
+            at = b + "/"
+            assert pools.endpoint(at) is not None and pools.endpoint("http://127.0.0.1:9") is None
             for _ in range(3):
-                whole = await pools.complete(["std"], "/v1/chat/completions", CHAT, JSON, at=at)
+                whole = await pools.complete(["std"], "/v1/chat/completions", CHAT, JSON, pinned=at)
                 assert whole.endpoint.url == b
                 streamed = orjson.dumps(orjson.loads(CHAT) | {"stream": True})
-                opened = await pools.open(["std"], "/v1/chat/completions", streamed, JSON, at=at)
+                opened = await pools.open(
+                    ["std"], "/v1/chat/completions", streamed, JSON, pinned=at
+                )
                 assert opened.endpoint.url == b
                 opened.close()
-                done = await pools.exchange(["std"], "GET", "/v1/models/tiny", b"", {}, at=at)
+                done = await pools.exchange(["std"], "GET", "/v1/models/tiny", b"", {}, pinned=at)
                 assert done.endpoint.url == b and done.reply.status == 200
     finally:
         await upstream.close()
@@ -50,9 +52,9 @@ async def test_a_pinned_endpoint_that_is_down_is_not_replaced():
     try:
         async with serving(create_app(CONFIG)) as a:
             pools = Pools([PoolSpec("std", "tiny", (a, dead))], upstream, lambda: 0.0)
-            at = pools.endpoint(dead)
+            at = dead
             with pytest.raises(BackendError):
-                await pools.exchange(["std"], "GET", "/v1/models/tiny", b"", {}, at=at)
+                await pools.exchange(["std"], "GET", "/v1/models/tiny", b"", {}, pinned=at)
             served = await pools.exchange(["std"], "GET", "/v1/models/tiny", b"", {})
             assert served.endpoint.url == a
     finally:

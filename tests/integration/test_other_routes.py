@@ -221,7 +221,7 @@ async def test_every_endpoint_down_is_a_503(tmp_path):
     assert "retry-after" in plain.headers
     assert anthropic.status_code == 503
     assert anthropic.json()["type"] == "error"
-    assert anthropic.json()["error"]["type"] == "api_error"
+    assert anthropic.json()["error"]["type"] == "overloaded_error"
 
 
 async def test_an_unknown_model_gets_the_gateways_404_in_the_routes_shape(tmp_path):
