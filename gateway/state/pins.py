@@ -14,6 +14,7 @@ came from. Redis unreachable: a replica goes on with what it remembers itself.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -33,6 +34,11 @@ class ResponsePins(Protocol):
     """Response id -> the upstream base URL that answered it."""
 
     async def remember(self, response_id: str, endpoint: str) -> None: ...
+
+    def keep(self, response_id: str, endpoint: str) -> None:
+        """``remember`` without waiting, for the request path: known here at once, the
+        write anywhere else scheduled."""
+        ...
 
     async def where(self, response_id: str) -> str | None: ...
 
@@ -74,6 +80,9 @@ class MemoryPins:
         self._pins: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     async def remember(self, response_id: str, endpoint: str) -> None:
+        self.put(response_id, endpoint)
+
+    def keep(self, response_id: str, endpoint: str) -> None:
         self.put(response_id, endpoint)
 
     async def where(self, response_id: str) -> str | None:
@@ -136,9 +145,19 @@ class RedisPins:
         self._prefix = f"{namespace}:pin:"
         self._ttl = max(1, math.ceil(ttl_s))
         self._local = local or MemoryPins(ttl_s)
+        self._writes: set[asyncio.Task[None]] = set()
 
     async def remember(self, response_id: str, endpoint: str) -> None:
         self._local.put(response_id, endpoint)
+        await self._share(response_id, endpoint)
+
+    def keep(self, response_id: str, endpoint: str) -> None:
+        self._local.put(response_id, endpoint)
+        write = asyncio.get_running_loop().create_task(self._share(response_id, endpoint))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+
+    async def _share(self, response_id: str, endpoint: str) -> None:
         try:
             await self._redis.set(self._prefix + response_id, endpoint.encode(), ex=self._ttl)
         except (RedisError, OSError) as exc:
@@ -155,4 +174,6 @@ class RedisPins:
         return self._local.get(response_id)  # a Redis that restarted empty
 
     async def close(self) -> None:
+        """Finish the writes under way, then disconnect."""
+        await asyncio.gather(*self._writes, return_exceptions=True)
         await self._redis.aclose()

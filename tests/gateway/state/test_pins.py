@@ -33,6 +33,12 @@ async def test_a_pin_lasts_its_ttl_on_the_clock_given():
     assert await pins.where("resp_never") is None
 
 
+async def test_keep_is_remember_without_waiting():
+    pins = MemoryPins()
+    pins.keep("resp_1", A)
+    assert await pins.where("resp_1") == A
+
+
 async def test_remembering_again_renews_and_moves_a_pin():
     clock = Clock()
     pins = MemoryPins(60.0, clock=clock)
@@ -90,10 +96,28 @@ async def test_replicas_share_pins_through_redis_with_its_ttl():
 
 
 @pytest.mark.redis
+async def test_keep_knows_a_pin_at_once_and_shares_it_before_closing():
+    url, ns = require_shared_redis(), namespace()
+    one, other = RedisPins(url, ns, 120.0), RedisPins(url, ns, 120.0)
+    raw = aioredis.from_url(url)
+    try:
+        one.keep("resp_1", A)  # on the request path: nothing awaited
+        assert await one.where("resp_1") == A
+        await one.close()  # the write under way finishes first
+        assert await other.where("resp_1") == A
+    finally:
+        await raw.delete(f"{ns}:pin:resp_1")
+        await raw.aclose()
+        await other.close()
+
+
+@pytest.mark.redis
 async def test_a_replica_remembers_its_own_pins_when_redis_fails():
     pins = RedisPins("redis://127.0.0.1:1/0", namespace(), 60.0)
     try:
         await pins.remember("resp_1", A)
+        pins.keep("resp_2", B)
         assert await pins.where("resp_1") == A
+        assert await pins.where("resp_2") == B
     finally:
         await pins.close()
