@@ -1,14 +1,14 @@
 """Who a request comes from: its tenant, from a source the operator trusts. Part of step 1.
 
-By default the API key: the bearer token of ``Authorization``, or the ``x-api-key`` header
-(Anthropic's clients send that instead), is hashed (SHA-256) and looked up among the keys
-the policy file gives its tenants (``tenants: {acme: {api_keys: [sha256:...]}}``); the key
-itself is never kept, logged, forwarded or compared in the clear. A request with no key the
-policy knows is the tenant ``anonymous`` (which the policy may give a concurrency cap, deny
-a flag, or match in a rule); with ``SPECLANE_REQUIRE_API_KEY=true`` it is refused with 401
-instead. A header names the tenant only when the operator sets
-``SPECLANE_TRUSTED_TENANT_HEADER``, declaring that an authenticating proxy in front sets it
-and drops whatever clients sent.
+By default the API key: the bearer token of ``Authorization``, or else ``x-api-key`` (what
+Anthropic's clients send), is hashed (SHA-256) and looked
+up among the keys the policy file gives its tenants (``tenants: {acme: {api_keys:
+[sha256:...]}}``); the key itself is never kept, logged, forwarded or compared in the clear.
+A request with no key the policy knows is the tenant ``anonymous`` (which the policy may
+give a concurrency cap, deny a flag, or match in a rule); with
+``SPECLANE_REQUIRE_API_KEY=true`` it is refused with 401 instead. A header names the
+tenant only when the operator sets ``SPECLANE_TRUSTED_TENANT_HEADER``, declaring that an
+authenticating proxy in front sets it and drops whatever clients sent.
 
 Nothing in the body picks a tenant. The body's ``user`` only keeps one user in one rollout
 arm, and is scoped by tenant: the same ``user`` in two tenants is two users.
@@ -44,17 +44,6 @@ def key_hash(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def api_key(headers: Mapping[str, str]) -> str:
-    """The request's API key: the bearer token of ``Authorization``, else ``x-api-key``;
-    empty when it has neither."""
-    authorization = headers.get("authorization", "")
-    if authorization[:7].lower() == "bearer ":
-        key = authorization[7:].strip()
-        if key:
-            return key
-    return headers.get("x-api-key", "").strip()
-
-
 def caller_from(
     headers: Mapping[str, str], trusted_header: str | None, keys: Mapping[str, str]
 ) -> Caller:
@@ -71,6 +60,17 @@ def caller_from(
     if tenant is not None:
         return Caller(tenant, tenant)
     return Caller(ANONYMOUS, "key-" + hashed[7:19])
+
+
+def api_key(headers: Mapping[str, str]) -> str:
+    """The key a request presents: ``Authorization: Bearer <key>`` (OpenAI's clients), else
+    ``x-api-key: <key>`` (Anthropic's); empty when neither."""
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        key = authorization[7:].strip()
+        if key:
+            return key
+    return headers.get("x-api-key", "").strip()
 
 
 class Identity:
