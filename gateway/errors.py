@@ -171,11 +171,6 @@ def rejected(exc: UpstreamRejected, headers: dict[str, str] | None = None) -> Re
     return ApiError(status=exc.status, message=message, code="upstream_rejected").response(headers)
 
 
-async def api_error_handler(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return exc.response()
-
-
 def response_not_found(response_id: str) -> Response:
     """vLLM's answer for a Responses API id it does not hold: what a call naming a response
     gets when the gateway does not know where it is stored, or that endpoint is gone."""
@@ -192,6 +187,11 @@ def route_not_found(status: int = 404) -> Response:
     """vLLM's (FastAPI's) answer for a path it does not serve, or a method the path lacks."""
     detail = "Not Found" if status == 404 else "Method Not Allowed"
     return Response(orjson.dumps({"detail": detail}), status, media_type=JSON)
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
 
 
 def internal_error() -> Response:

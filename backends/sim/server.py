@@ -1,12 +1,9 @@
 """The simulated vLLM as a Starlette app: ``create_app(config)`` and ``serve(config, host, port)``.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``serving.SimServer``),
-``GET /v1/models`` (each engine's ``owned_by``), the routes beside generation
-(``other_routes.py``: tokenize, detokenize, embeddings, ``GET /v1/models/{id}``), stored
-Responses API responses (``stored.py``: ``GET``/``DELETE /v1/responses/{id}``, cancel),
-``GET /health``, ``GET /metrics`` (vLLM names, app-owned registry), ``GET /version``
-(vLLM-shaped engines), ``GET /server_info`` (SGLang), ``GET /prometheus/metrics``
-(TensorRT-LLM), and the simulator's own ``GET /sim/state`` /
+``GET /v1/models`` (each engine's ``owned_by``), ``GET /health``, ``GET /metrics`` (vLLM names,
+app-owned registry), ``GET /version`` (vLLM-shaped engines), ``GET /server_info`` (SGLang),
+``GET /prometheus/metrics`` (TensorRT-LLM), and the simulator's own ``GET /sim/state`` /
 ``POST /sim/control`` for tests and the demo::
 
     {"acceptance": {"code": 0.1, "json": null},   # set / clear a workload's base now
@@ -14,6 +11,10 @@ Responses API responses (``stored.py``: ``GET``/``DELETE /v1/responses/{id}``, c
 
 ``"acceptance": null`` clears every override. The answer is the new state; its
 ``traceparents`` are the W3C trace contexts of the last 64 requests that carried one.
+
+Beside generation: ``other_routes.py`` (tokenize, detokenize, embeddings,
+``GET /v1/models/{id}``, vLLM's 404 for other paths) and ``stored.py`` (stored Responses API
+responses: ``GET``/``DELETE /v1/responses/{id}``, cancel; ``app.state.stored``).
 
 Must not: keep module-level state or use the global Prometheus registry; wiring only.
 """
