@@ -23,7 +23,7 @@ def _json(body: object, status: int = 200) -> Response:
 
 
 class Api:
-    """The OpenAI-compatible endpoints, the engine's other routes and the health checks."""
+    """The OpenAI-compatible endpoints and the health checks."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -33,15 +33,6 @@ class Api:
 
     async def completions(self, request: Request) -> Response | SSEResponse:
         return await pipeline.complete(self.services, request, "completion")
-
-    async def other_route(self, request: Request) -> Response:
-        return await relayed.other_route(self.services, request)
-
-    async def model_card(self, request: Request) -> Response:
-        return await relayed.model_card(self.services, request)
-
-    async def stored_response(self, request: Request) -> Response:
-        return await relayed.stored_response(self.services, request)
 
     async def models(self, request: Request) -> Response:
         created = int(time.time())
@@ -80,3 +71,14 @@ class Api:
             },
         }
         return _json(detail)
+
+    # the engine's other routes, and calls to a stored response: gateway/server/relayed.py
+
+    async def other_route(self, request: Request) -> Response:
+        return await relayed.other_route(self.services, request)
+
+    async def model_card(self, request: Request) -> Response:
+        return await relayed.model_card(self.services, request)
+
+    async def stored_response(self, request: Request) -> Response:
+        return await relayed.stored_response(self.services, request)
