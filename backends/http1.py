@@ -94,6 +94,7 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.status = 0
+        self.content_type = b""
         self.head_done = False
         self.complete = False
         self.keep_alive = False
@@ -136,6 +137,8 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
+        if lowered == b"content-type":
+            self.content_type = value
         if lowered == b"content-length" or (
             lowered == b"transfer-encoding" and b"chunked" in value.lower()
         ):
@@ -226,7 +229,7 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer whose status line and headers are in; its body is read with ``chunk``."""
 
-    __slots__ = ("_client", "_conn", "_idle_s", "_origin", "status")
+    __slots__ = ("_client", "_conn", "_idle_s", "_origin", "content_type", "status")
 
     def __init__(self, client: Client, origin: Origin, conn: _Connection, idle_s: float) -> None:
         self._client = client
@@ -234,6 +237,7 @@ class Response:
         self._conn = conn
         self._idle_s = idle_s
         self.status = conn.status
+        self.content_type = conn.content_type.decode("latin-1")
 
     async def chunk(self) -> bytes:
         """Body bytes as they arrive; ``b""`` at the end. An idle wait longer than the
