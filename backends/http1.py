@@ -6,7 +6,8 @@ Why not aiohttp: on the gateway's machine a request through this client takes a 
 fifth of the CPU one through aiohttp's ``ClientSession`` takes, and the gateway's whole
 budget is 500 us (bench/RESULTS.md, "Upstream HTTP client", has the figures). An upstream
 is an OpenAI-compatible server, so this client does what that needs and no more: no
-redirects, cookies, proxies, compression (it asks for none), HTTP/2 or ``Expect``. TLS works (``https://`` endpoints).
+redirects, cookies, proxies, compression (it asks for none), HTTP/2 or ``Expect``. TLS
+works (``https://`` endpoints).
 
     ConnectError    the connection could not be made (an ``OSError``: refused, no route)
     Disconnected    the connection closed before the answer ended
