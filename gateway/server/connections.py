@@ -78,6 +78,7 @@ def server_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": protocol(ConnectionLimits.of(settings)),
         "timeout_keep_alive": settings.keepalive_timeout_s,
+        "ws": "none",  # no WebSocket routes: an upgrade request is answered as HTTP/1.1
     }
 
 
@@ -117,7 +118,10 @@ class BoundedProtocol(HttpToolsProtocol):
             message = "too many connections to the gateway; retry shortly"
             self._refuse(_Refusal(503, message, "server_error", "too_many_connections"))
             return
-        peer = self.client[0] if self.client else ""
+        if self.client is None:  # a Unix socket: no address to share by
+            self._arm(self.limits.header_timeout_s)
+            return
+        peer = self.client[0]
         if self.peers[peer] >= self.limits.max_connections_per_peer:
             message = "too many connections to the gateway from this address; retry shortly"
             self._refuse(_Refusal(503, message, "server_error", "too_many_connections_from_peer"))

@@ -26,14 +26,17 @@ class HeadEnd:
 
     def end(self, data: bytes) -> int | None:
         """The offset just past the head's end in ``data``, or None when it is not there."""
-        joined = self._tail + data
-        found = joined.find(BLANK_LINE)
-        if found < 0:
-            self._tail = joined[-(len(BLANK_LINE) - 1) :]
-            return None
-        end = found + len(BLANK_LINE) - len(self._tail)
-        self._tail = b""
-        return end
+        tail, keep = self._tail, len(BLANK_LINE) - 1
+        found = (tail + data[:keep]).find(BLANK_LINE) if tail else -1
+        if found >= 0:  # the blank line began in an earlier read
+            self._tail = b""
+            return found + len(BLANK_LINE) - len(tail)
+        found = data.find(BLANK_LINE)
+        if found >= 0:
+            self._tail = b""
+            return found + len(BLANK_LINE)
+        self._tail = (tail + data)[-keep:] if len(data) < keep else data[-keep:]
+        return None
 
 
 class Body:
