@@ -7,13 +7,15 @@ meanwhile (the slowest of its requests during the attack, and without one).
 - one address holding more connections than its share (``SPECLANE_MAX_CONNECTIONS=64``,
   so a share of 32), and a client from another address (127.0.0.2).
 
-    .venv/bin/python bench/hostile_clients.py
+    .venv/bin/python bench/hostile_clients.py [--trailer-mib 128]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -67,13 +69,13 @@ async def _normal(url: str, until: asyncio.Event) -> tuple[float, int, int]:
     return slowest, sent, failed
 
 
-async def _trailer(host: str, port: int) -> list[int]:
+async def _trailer(host: str, port: int, mib: int) -> list[int]:
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         HEAD + b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\nx-t: " % (len(CHAT), CHAT)
     )
     with contextlib.suppress(ConnectionError):
-        for _ in range(128 * 16):
+        for _ in range(mib * 16):
             writer.write(b"t" * 65536)
             await writer.drain()
     statuses = await _answer(reader)
@@ -138,6 +140,9 @@ async def _peers(url: str) -> None:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--trailer-mib", type=int, default=128, help="trailer size")
+    mib = parser.parse_args().trailer_mib
     sim_port, port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / "policy.yaml"
@@ -157,7 +162,8 @@ def main() -> int:
                     if httpx.get(url + "/readyz").status_code == 200:
                         break
                 time.sleep(0.1)
-            asyncio.run(_attack("128 MiB chunked trailer", url, gateway.pid, _trailer))
+            trailer = functools.partial(_trailer, mib=mib)
+            asyncio.run(_attack(f"{mib} MiB chunked trailer", url, gateway.pid, trailer))
             asyncio.run(_attack("70 KB pipelined head", url, gateway.pid, _pipelined))
             asyncio.run(_peers(url))
         finally:
