@@ -6,9 +6,10 @@ it buffers a header of any size, and an idle or trickling connection is kept for
 - the head (request line and headers) is at most ``max_header_bytes``: the bytes are counted
   before the parser sees them, so a larger head costs no more memory than the limit; the
   answer is a 431, and the connection is closed. A chunked body's extensions and trailer
-  count against the same limit (a trailer is read and dropped, never a header), and so does
-  a head that arrives in the same read as the end of the request before it: ``framing.py``
-  says where each request ends before the parser is given its bytes;
+  count against the same limit as the head (a trailer is read and dropped, never a header),
+  and a head that arrives in the same read as the end of the request before it counts from
+  its first byte: ``framing.py`` says where each request ends before the parser is given its
+  bytes, and a message the parser would read on past that is a 400;
 - the head must arrive within ``header_timeout_s`` of the connection opening or of the head's
   first byte, the body within ``body_timeout_s`` of the head: a client sending a byte every
   few seconds gets a 408 and its connection is closed (the app sees a disconnect);
@@ -105,7 +106,6 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_left = self.limits.max_header_bytes
         self._head_end = HeadEnd()
         self._body: Body | None = None
-        self._heads = 0
         self._deadline: asyncio.TimerHandle | None = None
         self._discarding = False
         self._peer: str | None = None
@@ -141,8 +141,10 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         while data and not self._discarding and not self.transport.is_closing():
-            if not self._in_head and self._body is None:  # the parser says a body, not ours
-                super().data_received(data)
+            if not self._in_head and self._body is None:
+                # A message the parser goes on reading with no framing the headers name:
+                # nothing of it could be counted, so it is refused rather than read uncounted.
+                self.send_400_response("")
                 return
             data = self._feed_head(data) if self._in_head else self._feed_body(data)
 
@@ -174,11 +176,8 @@ class BoundedProtocol(HttpToolsProtocol):
             self._refuse(_Refusal(431, message, _INVALID, _TOO_LARGE))
             return b""
         super().data_received(data[:size])
-        if ended and not self._in_head and not self.transport.is_closing():
-            # The parser reads the body on where its framing says it ended: nothing past this
-            # point could be counted, so the request is refused rather than read uncounted.
-            self.send_400_response("")
-            return b""
+        if ended and not self._in_head:
+            self._body = None  # the parser reads on where the framing ended: refused above
         return data[size:]
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -187,7 +186,6 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._heads += 1
         self._body = body_of(self.headers)
         self._before = self.cycle
         self._arm(self.limits.body_timeout_s)
