@@ -199,3 +199,29 @@ async def test_requests_in_flight_are_capped_per_tenant_and_in_all(tmp_path):
     assert over_all.json()["error"]["code"] == "too_many_requests"
     assert [r.status_code for r in served] == [200] * 4 and after.status_code == 200
     assert services.gate.total == 0
+
+
+async def test_claims_of_another_tenant_never_take_its_share(tmp_path):
+    slow = FakeUpstream(Behaviour(chunk_delay_s=0.1))
+    async with (
+        fake_stack(tmp_path, slow.app(), slow.app(), POLICY) as (url, services),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+
+        async def held(headers: dict[str, str], body: dict[str, object]) -> int:
+            sent = {**CHAT, **body, "stream": True}
+            response = await c.post(url + "/v1/chat/completions", json=sent, headers=headers)
+            return response.status_code
+
+        claims = [
+            asyncio.create_task(held(headers | auth, body))
+            for headers, body in CLAIMS
+            for auth in (key("acme"), {})
+        ]
+        while services.gate.total < len(claims):
+            await asyncio.sleep(0.01)
+        charged = services.gate.in_flight("beta")
+        beta = await asyncio.gather(held(key("beta"), {}), held(key("beta"), {}))
+        statuses = await asyncio.gather(*claims)
+    assert charged == 0  # beta's cap of 2 is beta's own
+    assert beta == [200, 200] and statuses == [200] * len(claims)
