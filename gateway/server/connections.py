@@ -14,9 +14,9 @@ it buffers a header of any size, and an idle or trickling connection is kept for
   first byte, the body within ``body_timeout_s`` of the head: a client sending a byte every
   few seconds gets a 408 and its connection is closed (the app sees a disconnect);
 - at most ``max_connections`` connections are open, and at most ``max_connections_per_peer``
-  from one client address: one more is answered 503 with ``Retry-After`` at once and
-  closed, so that file descriptors run out neither for the connections being served nor for
-  the upstream ones, and one client cannot take them all;
+  from one client address (an IPv6 one by its /64): one more is answered 503 with
+  ``Retry-After`` at once and closed, so that file descriptors run out neither for the
+  connections being served nor for the upstream ones, and one client cannot take them all;
 - a parser error is a 400 in OpenAI's shape, as every other error;
 - a refusal of a pipelined request is written after the answers to the requests before it
   on the connection, never in their place.
@@ -30,6 +30,7 @@ Explained for operators, with its numbers, in docs/operations.md ("Hostile conne
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if self.client is None:  # a Unix socket: no address to share by
             self._arm(self.limits.header_timeout_s)
             return
-        peer = self.client[0]
+        peer = peer_of(self.client[0])
         if self.peers[peer] >= self.limits.max_connections_per_peer:
             message = "too many connections to the gateway from this address; retry shortly"
             self._refuse(_Refusal(503, message, "server_error", "too_many_connections_from_peer"))
@@ -280,6 +281,20 @@ class BoundedProtocol(HttpToolsProtocol):
         self._discarding = True
         self._deadline = self.loop.call_later(_LINGER_S, self.transport.close)
         log.debug("connection from %s refused: %d %s", self.client, status, message)
+
+
+def peer_of(host: str) -> str:
+    """Whose a connection is, for the per-peer share: its IPv4 address, or the /64 network of
+    an IPv6 one (a host is given a whole /64 and may use any address in it)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return host
 
 
 class _Refusal(NamedTuple):
