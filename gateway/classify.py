@@ -62,7 +62,8 @@ def classify(
         stream=request.stream,
         n=request.n,
         tenant=tenant,
-        routing_key=f"{tenant}/{request.user}" if request.user else caller.sticky or request_id,
+        routing_key=caller.sticky,
+        user=request.user or "",
         request_id=request_id,
         headers=headers,
     )

@@ -33,9 +33,9 @@ class Features:
     ``x-speclane-endpoint`` header. ``temperature`` and ``top_p`` already hold the backend's
     defaults when the request left them out. ``tenant`` comes from a source the operator
     trusts (``gateway/identity.py``), never from the body. ``routing_key`` is what percentage
-    rollouts hash: the tenant and the user id when the request names a user (a user id is
-    scoped by its tenant), else the tenant when it is known, else a pseudonym of the API key,
-    else the request id, so a user stays in one arm.
+    rollouts hash: who the request comes from by that source (the tenant), and empty for
+    ``anonymous``, which is outside every partial rollout; nothing in the body changes it.
+    ``user`` is the body's ``user``, which only keeps one user in one experiment arm.
     """
 
     endpoint: str
@@ -52,6 +52,7 @@ class Features:
     n: int = 1
     tenant: str = ""
     routing_key: str = ""
+    user: str = ""
     request_id: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
 
