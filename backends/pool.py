@@ -380,10 +380,13 @@ class Pools:
 
 def _give_up_if_ejected(endpoint: Endpoint, now: float) -> None:
     """An ejected endpoint's awaited whole answers end now (``Pools.complete`` tries them
-    elsewhere)."""
+    elsewhere). One whose end has already fired is ending: it is left alone (its timeout
+    can no longer be moved, and it is given up already)."""
     if endpoint.waiting and endpoint.health.ejected(now):
+        at = asyncio.get_running_loop().time()
         for waiting in endpoint.waiting:
-            waiting.reschedule(asyncio.get_running_loop().time())
+            if not waiting.expired():
+                waiting.reschedule(at)
 
 
 def _busy(exc: BackendError) -> bool:
