@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from backends.errors import StreamBroken, UpstreamRejected
+from backends.errors import AnswerTimeout, StreamBroken, UpstreamRejected
 from backends.pool import Opened
 from backends.upstream import DONE
 from gateway.errors import UpstreamErrorEvent, from_backend
@@ -106,7 +106,8 @@ class Relay:
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
             # past the first byte nothing can be tried again: the client is told here
-            failed = from_backend(StreamBroken(self._error))
+            late = isinstance(exc, AnswerTimeout)
+            failed = from_backend((AnswerTimeout if late else StreamBroken)(self._error))
             yield (b"" if held is None else _event(held)) + failed.sse()
         finally:
             self._finish()
@@ -158,7 +159,8 @@ class Relay:
             raise
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            raise StreamBroken(self._error) from None
+            late = isinstance(exc, AnswerTimeout)
+            raise (AnswerTimeout if late else StreamBroken)(self._error) from None
         finally:
             self._finish()
 

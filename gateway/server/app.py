@@ -71,6 +71,7 @@ def build_services(
     upstream = Upstream(
         max_connections=settings.upstream_max_connections,
         keepalive_s=settings.upstream_keepalive_s,
+        max_response_bytes=settings.max_response_bytes,
     )
     telemetry = Telemetry.build(
         settings.otlp_endpoint,
