@@ -234,7 +234,7 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer whose status line and headers are in; its body is read with ``chunk``."""
 
-    __slots__ = ("_client", "_conn", "_idle_s", "_origin", "deadline", "status")
+    __slots__ = ("_client", "_conn", "_origin", "deadline", "idle_s", "status")
 
     def __init__(
         self,
@@ -247,7 +247,7 @@ class Response:
         self._client = client
         self._origin = origin
         self._conn = conn
-        self._idle_s = idle_s
+        self.idle_s = idle_s  # may be changed between reads
         self.deadline = deadline
         self.status = conn.status
 
@@ -259,7 +259,7 @@ class Response:
     async def chunk(self) -> bytes:
         """Body bytes as they arrive; ``b""`` at the end. An idle wait longer than the
         request's ``idle_s``, or reaching its ``deadline``, raises ``TimeoutError``."""
-        return await self._conn.chunk(self._idle_s, self.deadline)
+        return await self._conn.chunk(self.idle_s, self.deadline)
 
     async def read(self, limit: int | None = None) -> bytes:
         """The rest of the body, or its first ``limit`` bytes."""

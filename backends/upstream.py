@@ -86,13 +86,14 @@ def _mapped(started: bool, deadline: float | None = None) -> Iterator[None]:
 class UpstreamStream:
     """An open upstream response: the first event already read, the rest to iterate."""
 
-    __slots__ = ("_decoder", "_limit", "_pending", "_response", "done", "first")
+    __slots__ = ("_decoder", "_limit", "_pending", "_received", "_response", "done", "first")
 
     def __init__(self, response: Response, limit: int = MAX_RESPONSE_BYTES) -> None:
         self._response = response
         self._decoder = SSEDecoder()
         self._limit = limit  # bytes of one event
         self._pending: list[bytes] = []
+        self._received = False  # any byte of the body
         self.first = b""
         self.done = False
 
@@ -101,8 +102,11 @@ class UpstreamStream:
         while not self._pending:
             with _mapped(started=False):
                 chunk = await self._response.chunk()
+            if not chunk and self._received:  # an HTML page, say
+                raise BadAnswer("upstream answered 200 with a body that holds no event")
             if not chunk:
                 raise Unavailable("upstream closed the stream before its first event")
+            self._received = True
             self._pending = self._feed(chunk, BadAnswer)
         return self._pending[0]
 
@@ -238,7 +242,8 @@ class Upstream:
                 with _mapped(started=False):
                     idle_s = timeouts.total_s
                     response = await self._post(url, body, headers, timeouts, idle_s, deadline)
-                with _mapped(started=response.status < 400):
+                response.idle_s = timeouts.idle_s  # the body has begun: it must keep coming
+                with _mapped(started=response.status < 400, deadline=deadline):
                     whole = await _read_whole(response, self.max_response_bytes)
         except TimeoutError as exc:
             if response is not None and response.status < 400:
