@@ -99,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.retry_after: bytes | None = None
+        self.length: int | None = None  # the Content-Length the answer declared
         self._framed = False
         self._chunks: list[bytes] = []
         self._size = 0
@@ -140,7 +141,9 @@ class _Connection(asyncio.Protocol):
         lowered = name.lower()
         if lowered == b"retry-after":
             self.retry_after = value
-        elif lowered == b"content-length" or (
+        elif lowered == b"content-length" and value.strip().isdigit():
+            self.length = int(value)
+        if lowered == b"content-length" or (
             lowered == b"transfer-encoding" and b"chunked" in value.lower()
         ):
             self._framed = True
@@ -250,6 +253,11 @@ class Response:
         self.idle_s = idle_s  # may be changed between reads
         self.deadline = deadline
         self.status = conn.status
+
+    @property
+    def length(self) -> int | None:
+        """The answer's ``Content-Length``, when it declared one."""
+        return self._conn.length
 
     @property
     def retry_after(self) -> bytes | None:

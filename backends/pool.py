@@ -320,7 +320,7 @@ class Pools:
                 if not waiting.expired():
                     raise
                 given_up = "its endpoint was ejected while the answer was awaited"
-                raise UpstreamTimeout(given_up) from None
+                raise Unavailable(given_up) from None
 
         spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid, until, budget)
         endpoint.outstanding -= 1

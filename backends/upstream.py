@@ -131,6 +131,11 @@ class UpstreamStream:
                     _check_event(second)
         return self.first
 
+    @property
+    def limit(self) -> int:
+        """Bytes one event, or an answer assembled from the stream, may take."""
+        return self._limit
+
     def take_pending(self) -> list[bytes]:
         """Events that arrived with the first one: the caller sends them together."""
         pending, self._pending = self._pending, []
@@ -292,12 +297,15 @@ def _sooner(deadline: float | None, seconds: float) -> float:
 
 
 async def _read_whole(response: Response, limit: int) -> bytes:
-    """The whole body, read chunk by chunk and given up past ``limit`` bytes (``BadAnswer``);
+    """The whole body, read chunk by chunk and given up past ``limit`` bytes, or at once
+    when its ``Content-Length`` says it is larger (``BadAnswer``);
     ``BackendError`` for an error status. A connection whose answer was read is reused, one
     abandoned half-way (a timeout, a cancelled request, a body too large) closed."""
     try:
         if response.status >= 400:
             await _raise_for(response)
+        if response.length is not None and response.length > limit:
+            raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
         parts: list[bytes] = []
         size = 0
         while data := await response.chunk():

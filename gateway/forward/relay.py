@@ -138,10 +138,12 @@ class Relay:
         return held
 
     async def collect(self, chat: bool) -> dict[str, Any]:
-        """The whole answer as one body. A stream that broke raises ``StreamBroken`` and an
-        error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for a 4xx code): the caller
-        decides whether to try again."""
+        """The whole answer as one body, of at most the stream's ``limit`` bytes of events
+        (``max_response_bytes``). A stream that broke, or grew past it, raises
+        ``StreamBroken`` and an error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for
+        a 4xx code): the caller decides whether to try again."""
         assembler = Assembler(chat)
+        size, limit = 0, self._opened.stream.limit
         try:
             async for batch in self._batches():
                 now = self._clock()
@@ -149,6 +151,9 @@ class Relay:
                     if data == DONE:
                         self._status = Status.OK
                         return assembler.body()
+                    size += len(data)
+                    if size > limit:
+                        raise StreamBroken(f"the answer grew past {limit} bytes")
                     assembler.add(self._inspect(data, now))
             raise StreamBroken("upstream ended without [DONE]")
         except UpstreamErrorEvent as exc:
