@@ -10,7 +10,10 @@ record (``backends/outlier.py``): failures before the first event at once, a str
 it is closed. A whole answer has nothing to show before it is done, so one awaited from an
 endpoint that gets ejected meanwhile (its streams timed out, its metrics page stopped
 answering) is given up at once and tried elsewhere, instead of waiting out ``total_s`` on a
-hung server. Knows nothing of policies or the gateway: pools are names here.
+hung server. ``Pools.exchange`` sends a request of any method down the rungs the same way
+and passes its answer on as it came (the engine's other routes); ``pinned=`` sends a
+request to the one endpoint that holds what it refers to (a stored response). Knows nothing
+of policies or the gateway: pools are names here.
 
 A request's tries share one deadline (``Pools.deadline``: the first rung's ``total_s`` from
 when it came): no try starts after it, every wait and read of one ends there, and when it
@@ -39,7 +42,7 @@ from backends.errors import (
 )
 from backends.outlier import Detector, Health, HealthState, OutlierRules
 from backends.retries import BreakBudget
-from backends.upstream import Timeouts, Upstream, UpstreamStream, past
+from backends.upstream import Reply, Timeouts, Upstream, UpstreamStream, past
 
 T = TypeVar("T")
 
@@ -120,6 +123,16 @@ class Completed:
     endpoint: Endpoint
     body: bytes
     answer: dict[str, Any]
+    attempts: tuple[Attempt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exchanged:
+    """An answer passed on as it came (``Pools.exchange``), and where it came from."""
+
+    spec: PoolSpec
+    endpoint: Endpoint
+    reply: Reply
     attempts: tuple[Attempt, ...]
 
 
@@ -225,6 +238,12 @@ class Pools:
         self._sweep(pool, now)
         return any(not e.health.ejected(now) for e in self.endpoints.get(pool, ()))
 
+    def endpoint(self, url: str) -> Endpoint | None:
+        """The endpoint at ``url`` in any pool, in service or not; None when no pool has it
+        (the policy or discovery dropped it)."""
+        url = url.rstrip("/")
+        return next((e for group in self.endpoints.values() for e in group if e.url == url), None)
+
     def urls(self, rungs: Sequence[str]) -> list[str]:
         """Every endpoint of the ladder, in service or not."""
         return [e.url for name in dict.fromkeys(rungs) for e in self.endpoints.get(name, ())]
@@ -275,10 +294,13 @@ class Pools:
         headers: Mapping[str, str],
         deadline: float | None = None,
         avoid: Collection[str] = (),
+        *,
+        pinned: str | None = None,
     ) -> Opened:
         """The first stream, down ``rungs``, that yields an event by ``deadline`` (by default
         ``Pools.deadline``), whose reads end there too; ``body`` may depend on the pool (an
-        engine that needs a field the others refuse)."""
+        engine that needs a field the others refuse). ``pinned``: the one endpoint that may
+        serve it (``_plan``)."""
         until = self.deadline(rungs) if deadline is None else deadline
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
@@ -286,7 +308,9 @@ class Pools:
             url = endpoint.url + path
             return await self._upstream.open(url, sent, headers, spec.timeouts, until)
 
-        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid, until)
+        spec, endpoint, stream, attempts = await self._first(
+            rungs, attempt, avoid, until, pinned=pinned
+        )
         return Opened(spec, endpoint, stream, attempts, self)
 
     async def complete(
@@ -298,10 +322,12 @@ class Pools:
         deadline: float | None = None,
         avoid: Collection[str] = (),
         budget: BreakBudget | None = None,
+        *,
+        pinned: str | None = None,
     ) -> Completed:
         """The first whole non-streamed answer, down ``rungs``, by ``deadline`` (by default
         ``Pools.deadline``); an answer that broke part way is tried again on a fresh plan
-        while ``budget`` allows."""
+        while ``budget`` allows. ``pinned`` as for ``open``."""
         until = self.deadline(rungs) if deadline is None else deadline
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> tuple[bytes, dict[str, Any]]:
@@ -322,18 +348,59 @@ class Pools:
                 given_up = "its endpoint was ejected while the answer was awaited"
                 raise Unavailable(given_up) from None
 
-        spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid, until, budget)
+        spec, endpoint, answer, attempts = await self._first(
+            rungs, attempt, avoid, until, budget, pinned=pinned
+        )
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
         return Completed(spec, endpoint, *answer, attempts)
 
+    async def exchange(
+        self,
+        rungs: Sequence[str],
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        pinned: str | None = None,
+    ) -> Exchanged:
+        """The first answer, down ``rungs``, passed on as it came: a request to one of the
+        engine's other routes. ``pinned`` as for ``open``."""
+
+        until = self.deadline(rungs)
+
+        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> Reply:
+            url = endpoint.url + path
+            return await self._upstream.exchange(method, url, body, headers, spec.timeouts, until)
+
+        spec, endpoint, reply, attempts = await self._first(
+            rungs, attempt, (), until, pinned=pinned
+        )
+        endpoint.outstanding -= 1
+        self.succeeded(endpoint)
+        return Exchanged(spec, endpoint, reply, attempts)
+
     def _plan(
-        self, rungs: Sequence[str], avoid: Collection[str]
+        self, rungs: Sequence[str], avoid: Collection[str], pinned: str | None = None
     ) -> list[tuple[PoolSpec, Endpoint]]:
         """Whom to try, in order: up to ``tries_per_pool`` endpoints in service per rung, down
         the ladder; then, as a last resort, ejected endpoints in place of those a pool lacks
         (so a request is never tried on fewer endpoints than without ejection, and a ladder
-        that is all ejected is still tried); then one endpoint the caller asked to avoid."""
+        that is all ejected is still tried); then one endpoint the caller asked to avoid.
+
+        A ``pinned`` request (one whose state lives on one endpoint: a stored response) is
+        tried there and nowhere else, whatever its rungs say; the rungs' pools are looked in
+        first, then every pool."""
+        if pinned is not None:
+            names = [*dict.fromkeys(rungs), *self.endpoints]
+            return [
+                (self.specs[name], e)
+                for name in dict.fromkeys(names)
+                if name in self.specs
+                for e in self.endpoints.get(name, ())
+                if e.url == pinned.rstrip("/")
+            ][:1]
         n = self._tries_per_pool
         first: list[tuple[PoolSpec, Endpoint]] = []
         last: list[tuple[PoolSpec, Endpoint]] = []
@@ -356,6 +423,8 @@ class Pools:
         avoid: Collection[str],
         deadline: float,
         budget: BreakBudget | None = None,
+        *,
+        pinned: str | None = None,
     ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
         """Try endpoints down the rungs until one answers, none starting after ``deadline``;
         its ``outstanding`` stays raised. With a ``budget``, an answer that broke part way
@@ -363,7 +432,7 @@ class Pools:
         and ends the tries when not."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
-        plan = self._plan(rungs, avoid)
+        plan = self._plan(rungs, avoid, pinned)
         while plan and not past(deadline):
             spec, endpoint = plan.pop(0)
             try:
@@ -376,7 +445,8 @@ class Pools:
                 errors.append(exc)
                 if isinstance(exc, StreamBroken) and budget is not None:
                     again = budget.spend(endpoint.url, self._clock())
-                    plan = self._plan(rungs, budget.avoid(self.urls(rungs))) if again else []
+                    avoided = budget.avoid(self.urls(rungs))
+                    plan = self._plan(rungs, avoided, pinned) if again else []
                 continue
             return spec, endpoint, result, tuple(attempts)
         error = _summary(errors, attempts, late=bool(plan) or past(deadline))

@@ -1,9 +1,10 @@
 """Step 5 of a request, on the wire: one POST to one OpenAI-compatible endpoint, streamed
-(or, for pools that allow it, one whole non-streamed answer).
+(or, for pools that allow it, one whole non-streamed answer), or one request of any method
+whose answer passes through as it came (``exchange``: the engine's other routes).
 
 Uses one ``backends/http1.py`` client (keep-alive connections per endpoint, a limit on
-connections): it costs a tenth of the CPU per request that aiohttp did, and aiohttp a third
-of what httpx did (bench/RESULTS.md, "Upstream HTTP client"). Every client and socket
+connections): it costs a third to a fifth of the CPU per request that aiohttp did
+(bench/RESULTS.md, "Upstream HTTP client", has the figures). Every client and socket
 exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
 
 A stream's first events are the upstream's answer as much as its status line is. vLLM checks
@@ -61,6 +62,15 @@ class Timeouts:
     first_byte_s: float = 60.0
     idle_s: float = 60.0
     total_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An upstream's whole answer to ``exchange``, as it came."""
+
+    status: int
+    content_type: str
+    body: bytes
 
 
 @contextmanager
@@ -256,6 +266,47 @@ class Upstream:
             raise UpstreamTimeout("no answer from upstream in time") from exc
         return whole, _json_object(whole)
 
+    async def exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: Timeouts,
+        deadline: float | None = None,
+    ) -> Reply:
+        """One request whose answer is passed on as it came, a 4xx included (the request's
+        own fault); a 5xx, 408 or 429 raises ``Unavailable``, so another endpoint may serve,
+        and ``deadline`` (else ``total_s``) bounds the whole exchange. An answer of more than
+        ``max_response_bytes`` is ``BadAnswer``."""
+        assert self._client is not None, "Upstream.start() was not awaited"
+        deadline = _sooner(deadline, timeouts.total_s)
+        limit = self.max_response_bytes
+        response: Response | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                with _mapped(started=False):
+                    response = await self._client.request(
+                        method.encode("ascii"),
+                        url,
+                        headers,
+                        body,
+                        connect_s=timeouts.connect_s,
+                        idle_s=timeouts.total_s,
+                        deadline=deadline,
+                    )
+                    if response.status >= 500 or response.status in (408, 429):
+                        await _read_whole(response, limit)  # raises Unavailable
+                response.idle_s = timeouts.idle_s  # the body has begun: it must keep coming
+                with _mapped(started=True, deadline=deadline):
+                    answer = await _read_any(response, limit)
+        except TimeoutError as exc:
+            if response is not None:
+                raise AnswerTimeout("the answer did not end within the request's total_s") from exc
+            raise UpstreamTimeout("no answer from upstream in time") from exc
+        assert response is not None
+        return Reply(response.status, response.content_type, answer)
+
     async def open(
         self,
         url: str,
@@ -336,6 +387,19 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise BadAnswer(f"upstream answered 200 with no JSON object: {body[:80]!r}")
     return answer
+
+
+async def _read_any(response: Response, limit: int) -> bytes:
+    """The whole body, whatever the status; ``BadAnswer`` past ``limit`` bytes."""
+    try:
+        body = b"" if (response.length or 0) > limit else await response.read(limit + 1)
+        if len(body) > limit or (response.length or 0) > limit:
+            raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
+    except BaseException:
+        response.close()
+        raise
+    response.release()
+    return body
 
 
 async def _raise_for(response: Response) -> None:

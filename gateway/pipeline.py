@@ -286,6 +286,7 @@ def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
         chunk_signal=chunks,
         arm=ask.decision.arm,
         request_id=ask.request_id,
+        route=ask.path,
     )
 
 

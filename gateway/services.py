@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.pool import Pools
 from backends.upstream import Upstream
@@ -25,6 +25,7 @@ from gateway.measure.telemetry import Telemetry
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore
 from gateway.state.memory import SharedState
+from gateway.state.pins import MemoryPins, ResponsePins
 from gateway.state.policyfile import PolicyHolder
 
 
@@ -54,6 +55,7 @@ class Services:
     checks: Checks
     load_scraper: LoadScraper | None = None
     request_log: RequestLog | None = None
+    pins: ResponsePins = field(default_factory=MemoryPins)
 
     @property
     def outcomes(self) -> OutcomeLog:
