@@ -22,8 +22,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from gateway.state.redisclient import connect
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +135,7 @@ class RedisPins:
         password: str | None = None,
         local: MemoryPins | None = None,
     ) -> None:
-        # A password in the URL wins over ``password`` (redis-py's rule for from_url).
-        self._redis = aioredis.from_url(
-            url,
-            password=password,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-            decode_responses=False,
-        )
+        self._redis = connect(url, password)
         self._prefix = f"{namespace}:pin:"
         self._ttl = max(1, math.ceil(ttl_s))
         self._local = local or MemoryPins(ttl_s)
