@@ -48,7 +48,9 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
      │ routing (gateway/server/app.py), in vLLM's (FastAPI's) shape: {"detail": ...}
      ├── 404 Not Found, 405                  no such route; a method the route lacks
      └── 500 (no code)                       a bug: logged with its traceback, answered
-                                             ``internal_error()``, no detail
+                                             ``internal_error()``, no detail; counted in
+                                             speclane_request_errors_total as
+                                             ``internal_error`` on the OpenAI routes
 
 Before a request exists (``gateway/server/connections.py``, the same shape, then
 ``Connection: close``): 400 (not HTTP/1.1), 408 ``request_timeout``, 431
