@@ -4,11 +4,16 @@
 once it has decided what to do about them (``gateway/errors.py``).
 
     BackendError
-     ├── Unavailable        no endpoint took the request: refused, reset, 5xx, nothing in service
-     ├── UpstreamTimeout    no connection, or no first event, in time
+     ├── Unavailable        no endpoint took the request: refused, reset, 5xx, 429, nothing
+     │                      in service; ``status`` 429 when every try was told to wait
+     ├── UpstreamTimeout    no connection, or no first event, in time; or the request's time
+     │                      (its first rung's ``total_s``) ran out between tries
+     ├── BadAnswer          a 200 that is no answer: a body or first event that is not a JSON
+     │                      object, or more than ``max_response_bytes``; fails over
      ├── UpstreamRejected   the upstream answered 4xx (or opened its stream with a 4xx error
      │                      event): the request itself is wrong; no failover
      └── StreamBroken       the stream failed after its first event: too late to fail over
+          └── AnswerTimeout the answer had started and did not end by the request's deadline
 """
 
 from __future__ import annotations
@@ -24,13 +29,24 @@ class BackendError(Exception):
 class Unavailable(BackendError):
     """The endpoint could not serve the request; another endpoint or pool may."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, told_s: float | None = None
+    ) -> None:
+        """``told_s``: the upstream's own ``Retry-After``, in seconds, when it sent one."""
         super().__init__(message)
         self.status = status
+        self.told_s = told_s
 
 
 class UpstreamTimeout(BackendError):
     """Connecting, or waiting for the first event, took longer than the pool allows."""
+
+
+class BadAnswer(BackendError):
+    """The upstream answered 200 with something that is not an answer: a whole body, or a
+    stream's first event, that is not a JSON object (an HTML page, SSE text where JSON was
+    asked for), or more bytes than ``max_response_bytes``. Nothing of it reached the client,
+    so another endpoint may serve; a 502 when none does."""
 
 
 class UpstreamRejected(BackendError):
@@ -46,3 +62,8 @@ class UpstreamRejected(BackendError):
 
 class StreamBroken(BackendError):
     """The upstream stream ended without ``[DONE]`` or failed after the first event."""
+
+
+class AnswerTimeout(StreamBroken):
+    """The answer had started but did not end by the request's deadline (its first rung's
+    ``total_s``, all tries included): a 504, or a stream's final error event."""

@@ -12,7 +12,8 @@ works (``https://`` endpoints).
     ConnectError    the connection could not be made (an ``OSError``: refused, no route)
     Disconnected    the connection closed before the answer ended
     BadResponse     the peer did not answer HTTP/1.1
-    TimeoutError    no byte for ``idle_s`` while one was awaited; connecting took too long
+    TimeoutError    no byte for ``idle_s`` while one was awaited; connecting took too long;
+                    a body still being read at the request's ``deadline``
 
 A connection goes back to its pool only when its answer ended cleanly and both sides keep
 it alive; an answer abandoned half-read closes it, so the upstream sees the client go.
@@ -99,6 +100,8 @@ class _Connection(asyncio.Protocol):
         self.head_done = False
         self.complete = False
         self.keep_alive = False
+        self.retry_after: bytes | None = None
+        self.length: int | None = None  # the Content-Length the answer declared
         self._framed = False
         self._chunks: list[bytes] = []
         self._size = 0
@@ -140,6 +143,10 @@ class _Connection(asyncio.Protocol):
         lowered = name.lower()
         if lowered == b"content-type":
             self.content_type = value
+        elif lowered == b"retry-after":
+            self.retry_after = value
+        elif lowered == b"content-length" and value.strip().isdigit():
+            self.length = int(value)
         if lowered == b"content-length" or (
             lowered == b"transfer-encoding" and b"chunked" in value.lower()
         ):
@@ -181,8 +188,11 @@ class _Connection(asyncio.Protocol):
             await self._wait(idle_s)
         return self.status
 
-    async def chunk(self, idle_s: float) -> bytes:
-        """The body bytes that arrived since the last call; ``b""`` once it has ended."""
+    async def chunk(self, idle_s: float, deadline: float | None = None) -> bytes:
+        """The body bytes that arrived since the last call; ``b""`` once it has ended.
+        ``TimeoutError`` at ``deadline`` (loop time), whether bytes still come or not."""
+        if deadline is not None and self._loop.time() >= deadline:
+            raise TimeoutError()
         while True:
             if self._chunks:
                 chunks, self._chunks, self._size = self._chunks, [], 0
@@ -194,7 +204,8 @@ class _Connection(asyncio.Protocol):
                 return b""
             if self.error is not None:
                 raise self.error
-            await self._wait(idle_s)
+            left = idle_s if deadline is None else min(idle_s, deadline - self._loop.time())
+            await self._wait(left)
 
     @property
     def reusable(self) -> bool:
@@ -230,20 +241,38 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer whose status line and headers are in; its body is read with ``chunk``."""
 
-    __slots__ = ("_client", "_conn", "_idle_s", "_origin", "content_type", "status")
+    __slots__ = ("_client", "_conn", "_origin", "content_type", "deadline", "idle_s", "status")
 
-    def __init__(self, client: Client, origin: Origin, conn: _Connection, idle_s: float) -> None:
+    def __init__(
+        self,
+        client: Client,
+        origin: Origin,
+        conn: _Connection,
+        idle_s: float,
+        deadline: float | None = None,
+    ) -> None:
         self._client = client
         self._origin = origin
         self._conn = conn
-        self._idle_s = idle_s
+        self.idle_s = idle_s  # may be changed between reads
+        self.deadline = deadline
         self.status = conn.status
         self.content_type = conn.content_type.decode("latin-1")
 
+    @property
+    def length(self) -> int | None:
+        """The answer's ``Content-Length``, when it declared one."""
+        return self._conn.length
+
+    @property
+    def retry_after(self) -> bytes | None:
+        """The answer's ``Retry-After`` header, as sent."""
+        return self._conn.retry_after
+
     async def chunk(self) -> bytes:
         """Body bytes as they arrive; ``b""`` at the end. An idle wait longer than the
-        request's ``idle_s`` raises ``TimeoutError``."""
-        return await self._conn.chunk(self._idle_s)
+        request's ``idle_s``, or reaching its ``deadline``, raises ``TimeoutError``."""
+        return await self._conn.chunk(self.idle_s, self.deadline)
 
     async def read(self, limit: int | None = None) -> bytes:
         """The rest of the body, or its first ``limit`` bytes."""
@@ -299,8 +328,10 @@ class Client:
         *,
         connect_s: float,
         idle_s: float,
+        deadline: float | None = None,
     ) -> Response:
-        """Send one request and wait for the answer's status line and headers. A kept-alive
+        """Send one request and wait for the answer's status line and headers; its body is
+        read by ``deadline`` (loop time) or not at all. A kept-alive
         connection that the upstream had closed before answering anything is replaced by a
         new one once: the upstream dropped an idle connection as the request went out."""
         origin, target = split(url)
@@ -318,7 +349,7 @@ class Client:
             except BaseException:
                 conn.close()
                 raise
-            return Response(self, origin, conn, idle_s)
+            return Response(self, origin, conn, idle_s, deadline)
 
     def release(self, origin: Origin, conn: _Connection) -> None:
         """Reuse ``conn`` once its answer has ended; close it if that takes too long."""

@@ -14,6 +14,14 @@ hung server. ``Pools.exchange`` sends a request of any method down the rungs the
 and passes its answer on as it came (the engine's other routes); ``pinned=`` sends a
 request to the one endpoint that holds what it refers to (a stored response). Knows nothing
 of policies or the gateway: pools are names here.
+
+A request's tries share one deadline (``Pools.deadline``: the first rung's ``total_s`` from
+when it came): no try starts after it, every wait and read of one ends there, and when it
+has passed with no answer the request ends with ``UpstreamTimeout``. A try answered 200 with
+no answer (``BadAnswer``: not JSON, too large) fails over like a 5xx; when every try did,
+the request ends with ``BadAnswer``, when every try was told to wait (429), with a 429.
+The ``Retry-After`` a client is told is the largest of the pools' own (``retry_after``) and
+those the upstreams sent: never sooner than an upstream asked.
 """
 
 from __future__ import annotations
@@ -22,10 +30,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from backends.errors import (
     BackendError,
+    BadAnswer,
     StreamBroken,
     Unavailable,
     UpstreamRejected,
@@ -33,7 +42,7 @@ from backends.errors import (
 )
 from backends.outlier import Detector, Health, HealthState, OutlierRules
 from backends.retries import BreakBudget
-from backends.upstream import Reply, Timeouts, Upstream, UpstreamStream
+from backends.upstream import Reply, Timeouts, Upstream, UpstreamStream, past
 
 T = TypeVar("T")
 
@@ -107,11 +116,13 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Completed:
-    """A whole non-streamed answer, and where it came from."""
+    """A whole non-streamed answer (its bytes and the JSON object they hold), and where it
+    came from."""
 
     spec: PoolSpec
     endpoint: Endpoint
     body: bytes
+    answer: dict[str, Any]
     attempts: tuple[Attempt, ...]
 
 
@@ -268,25 +279,38 @@ class Pools:
 
     # --- requests --------------------------------------------------------------------------
 
+    def deadline(self, rungs: Sequence[str]) -> float:
+        """When a request down ``rungs`` that comes now must be answered, in the event loop's
+        time: its first rung's ``total_s`` from now, every try included."""
+        first = next((self.specs[r] for r in rungs if r in self.specs), None)
+        total_s = (first.timeouts if first is not None else Timeouts()).total_s
+        return asyncio.get_running_loop().time() + total_s
+
     async def open(
         self,
         rungs: Sequence[str],
         path: str,
         body: bytes | Callable[[PoolSpec], bytes],
         headers: Mapping[str, str],
+        deadline: float | None = None,
         avoid: Collection[str] = (),
         *,
         pinned: str | None = None,
     ) -> Opened:
-        """The first stream, down ``rungs``, that yields an event; ``body`` may depend on
-        the pool (an engine that needs a field the others refuse). ``pinned``: the one
-        endpoint that may serve it (``_plan``)."""
+        """The first stream, down ``rungs``, that yields an event by ``deadline`` (by default
+        ``Pools.deadline``), whose reads end there too; ``body`` may depend on the pool (an
+        engine that needs a field the others refuse). ``pinned``: the one endpoint that may
+        serve it (``_plan``)."""
+        until = self.deadline(rungs) if deadline is None else deadline
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
             sent = body(spec) if callable(body) else body
-            return await self._upstream.open(endpoint.url + path, sent, headers, spec.timeouts)
+            url = endpoint.url + path
+            return await self._upstream.open(url, sent, headers, spec.timeouts, until)
 
-        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid, pinned=pinned)
+        spec, endpoint, stream, attempts = await self._first(
+            rungs, attempt, avoid, until, pinned=pinned
+        )
         return Opened(spec, endpoint, stream, attempts, self)
 
     async def complete(
@@ -295,16 +319,18 @@ class Pools:
         path: str,
         body: bytes | Callable[[PoolSpec], bytes],
         headers: Mapping[str, str],
+        deadline: float | None = None,
         avoid: Collection[str] = (),
         budget: BreakBudget | None = None,
         *,
         pinned: str | None = None,
     ) -> Completed:
-        """The first whole non-streamed answer, down ``rungs``; an answer that broke part
-        way is tried again on a fresh plan while ``budget`` allows. ``pinned`` as for
-        ``open``."""
+        """The first whole non-streamed answer, down ``rungs``, by ``deadline`` (by default
+        ``Pools.deadline``); an answer that broke part way is tried again on a fresh plan
+        while ``budget`` allows. ``pinned`` as for ``open``."""
+        until = self.deadline(rungs) if deadline is None else deadline
 
-        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
+        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> tuple[bytes, dict[str, Any]]:
             sent = body(spec) if callable(body) else body
             waiting = asyncio.timeout(None)
             try:
@@ -312,21 +338,22 @@ class Pools:
                     endpoint.waiting.add(waiting)
                     try:
                         url = endpoint.url + path
-                        return await self._upstream.complete(url, sent, headers, spec.timeouts)
+                        timeouts = spec.timeouts
+                        return await self._upstream.complete(url, sent, headers, timeouts, until)
                     finally:
                         endpoint.waiting.discard(waiting)
             except TimeoutError:
                 if not waiting.expired():
                     raise
                 given_up = "its endpoint was ejected while the answer was awaited"
-                raise UpstreamTimeout(given_up) from None
+                raise Unavailable(given_up) from None
 
         spec, endpoint, answer, attempts = await self._first(
-            rungs, attempt, avoid, budget, pinned=pinned
+            rungs, attempt, avoid, until, budget, pinned=pinned
         )
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
-        return Completed(spec, endpoint, answer, attempts)
+        return Completed(spec, endpoint, *answer, attempts)
 
     async def exchange(
         self,
@@ -341,11 +368,15 @@ class Pools:
         """The first answer, down ``rungs``, passed on as it came: a request to one of the
         engine's other routes. ``pinned`` as for ``open``."""
 
+        until = self.deadline(rungs)
+
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> Reply:
             url = endpoint.url + path
-            return await self._upstream.exchange(method, url, body, headers, spec.timeouts)
+            return await self._upstream.exchange(method, url, body, headers, spec.timeouts, until)
 
-        spec, endpoint, reply, attempts = await self._first(rungs, attempt, (), pinned=pinned)
+        spec, endpoint, reply, attempts = await self._first(
+            rungs, attempt, (), until, pinned=pinned
+        )
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
         return Exchanged(spec, endpoint, reply, attempts)
@@ -390,17 +421,19 @@ class Pools:
         rungs: Sequence[str],
         attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
         avoid: Collection[str],
+        deadline: float,
         budget: BreakBudget | None = None,
         *,
         pinned: str | None = None,
     ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
-        """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised.
-        With a ``budget``, an answer that broke part way starts a fresh plan (the endpoints
-        whose answers broke last) while the budget allows, and ends the tries when not."""
+        """Try endpoints down the rungs until one answers, none starting after ``deadline``;
+        its ``outstanding`` stays raised. With a ``budget``, an answer that broke part way
+        starts a fresh plan (the endpoints whose answers broke last) while the budget allows,
+        and ends the tries when not."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
         plan = self._plan(rungs, avoid, pinned)
-        while plan:
+        while plan and not past(deadline):
             spec, endpoint = plan.pop(0)
             try:
                 result = await self._try(endpoint, spec, attempt)
@@ -416,8 +449,9 @@ class Pools:
                     plan = self._plan(rungs, avoided, pinned) if again else []
                 continue
             return spec, endpoint, result, tuple(attempts)
-        error = _summary(errors, attempts)
-        error.retry_after_s = self.retry_after(rungs)
+        error = _summary(errors, attempts, late=bool(plan) or past(deadline))
+        told = [e.told_s for e in errors if isinstance(e, Unavailable) and e.told_s is not None]
+        error.retry_after_s = max([self.retry_after(rungs), *told])
         raise error
 
     async def _try(
@@ -445,20 +479,30 @@ class Pools:
 
 def _give_up_if_ejected(endpoint: Endpoint, now: float) -> None:
     """An ejected endpoint's awaited whole answers end now (``Pools.complete`` tries them
-    elsewhere)."""
+    elsewhere). One whose end has already fired is ending: it is left alone (its timeout
+    can no longer be moved, and it is given up already)."""
     if endpoint.waiting and endpoint.health.ejected(now):
+        at = asyncio.get_running_loop().time()
         for waiting in endpoint.waiting:
-            waiting.reschedule(asyncio.get_running_loop().time())
+            if not waiting.expired():
+                waiting.reschedule(at)
 
 
 def _busy(exc: BackendError) -> bool:
     return isinstance(exc, Unavailable) and exc.status in (408, 429)
 
 
-def _summary(errors: list[BackendError], attempts: list[Attempt]) -> BackendError:
+def _summary(errors: list[BackendError], attempts: list[Attempt], late: bool) -> BackendError:
+    """The one error for a request every try failed; ``late`` when its time ran out."""
     tried = "; ".join(f"{a.pool} {a.url}: {a.error}" for a in attempts)
+    if late:
+        return UpstreamTimeout(f"the request's total_s ran out ({tried or 'nothing tried'})")
     if not errors:
         return Unavailable("no endpoint in any pool of the ladder")
     if all(isinstance(e, UpstreamTimeout) for e in errors):
         return UpstreamTimeout(f"every upstream timed out ({tried})")
+    if all(isinstance(e, BadAnswer) for e in errors):
+        return BadAnswer(f"no upstream answered with an answer ({tried})")
+    if all(isinstance(e, Unavailable) and e.status == 429 for e in errors):
+        return Unavailable(f"every upstream asked to wait ({tried})", 429)
     return Unavailable(f"no upstream could serve the request ({tried})")

@@ -10,24 +10,34 @@ from __future__ import annotations
 
 
 class SSEDecoder:
-    """Feed it chunks; it returns the data payloads of every event completed so far."""
+    """Feed it chunks; it returns the data payloads of every event completed so far. An event
+    that arrives in many chunks is kept as its chunks until one can end it, so a large event
+    costs its size once, not once per chunk; ``buffered`` says how large it has grown."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_parts", "buffered")
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._parts: list[bytes] = []  # an event not completed by a blank line yet
+        self.buffered = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if b"\r" in chunk or self._buffer.endswith(b"\r"):
+        parts = self._parts
+        if b"\r" in chunk or (parts and parts[-1].endswith(b"\r")):
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buffer = self._buffer + chunk if self._buffer else chunk
-        *blocks, self._buffer = buffer.split(b"\n\n")
+        if parts and b"\n\n" not in chunk and not (chunk[:1] == b"\n" == parts[-1][-1:]):
+            parts.append(chunk)  # ends no event
+            self.buffered += len(chunk)
+            return []
+        buffer = b"".join((*parts, chunk)) if parts else chunk
+        *blocks, rest = buffer.split(b"\n\n")
+        self._parts = [rest] if rest else []
+        self.buffered = len(rest)
         return [data for block in blocks if (data := _data(block)) is not None]
 
     @property
     def pending(self) -> bytes:
         """Bytes of an event that has not been completed by a blank line yet."""
-        return self._buffer
+        return b"".join(self._parts)
 
 
 def _data(block: bytes) -> bytes | None:

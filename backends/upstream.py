@@ -12,6 +12,16 @@ some fields only once the engine takes the request, after it has answered 200, a
 sends the error as the first event (``{"error": {..., "code": 400}}``); such an event, or one
 right after the chat role chunk, fails the open like an HTTP error with that status would: a
 4xx is ``UpstreamRejected`` carrying the event as the body, anything else ``Unavailable``.
+
+What is not an answer is not passed on as one (``BadAnswer``, and the pools try another
+endpoint): a 200 whose whole body, or whose stream's first event, is not a JSON object, and
+more than ``max_response_bytes`` of a whole body or of one event. Bodies are read chunk by
+chunk and given up at the bound, so memory stays bounded whatever an upstream sends.
+
+Every request has a ``deadline`` (loop time): the pools give it the request's first rung's
+``total_s`` from when the request came, and every try, every wait and every read of a body
+ends there. An answer still coming then is ``AnswerTimeout``; one not started,
+``UpstreamTimeout``.
 """
 
 from __future__ import annotations
@@ -20,11 +30,14 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from backends.errors import (
+    AnswerTimeout,
     BackendError,
+    BadAnswer,
     StreamBroken,
     Unavailable,
     UpstreamRejected,
@@ -35,11 +48,15 @@ from backends.sse import SSEDecoder
 
 DONE = b"[DONE]"
 _ERROR_BODY_LIMIT = 64 * 1024
+_RETRY_AFTER_MAX_S = 3600.0  # an upstream's Retry-After is kept up to this
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """``total_s`` bounds a whole non-streamed answer, which has no first byte before it."""
+    """A pool's bounds on its answers: ``connect_s`` a connection, ``first_byte_s`` a
+    stream's first event, ``idle_s`` the quiet between two reads, and ``total_s`` the whole
+    request, every try included (the first rung's, from when the request came)."""
 
     connect_s: float = 2.0
     first_byte_s: float = 60.0
@@ -57,11 +74,14 @@ class Reply:
 
 
 @contextmanager
-def _mapped(started: bool) -> Iterator[None]:
-    """Translate the HTTP client's exceptions; after the first event every failure is a break."""
+def _mapped(started: bool, deadline: float | None = None) -> Iterator[None]:
+    """Translate the HTTP client's exceptions; after the first event every failure is a
+    break, and a timeout at ``deadline`` the request's time running out."""
     try:
         yield
     except TimeoutError as exc:
+        if started and past(deadline):
+            raise AnswerTimeout("the answer did not end within the request's total_s") from exc
         if started:
             raise StreamBroken("upstream went quiet for longer than the idle timeout") from exc
         raise UpstreamTimeout("no answer from upstream in time") from exc
@@ -76,12 +96,14 @@ def _mapped(started: bool) -> Iterator[None]:
 class UpstreamStream:
     """An open upstream response: the first event already read, the rest to iterate."""
 
-    __slots__ = ("_decoder", "_pending", "_response", "done", "first")
+    __slots__ = ("_decoder", "_limit", "_pending", "_received", "_response", "done", "first")
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, limit: int = MAX_RESPONSE_BYTES) -> None:
         self._response = response
         self._decoder = SSEDecoder()
+        self._limit = limit  # bytes of one event
         self._pending: list[bytes] = []
+        self._received = False  # any byte of the body
         self.first = b""
         self.done = False
 
@@ -90,22 +112,39 @@ class UpstreamStream:
         while not self._pending:
             with _mapped(started=False):
                 chunk = await self._response.chunk()
+            if not chunk and self._received:  # an HTML page, say
+                raise BadAnswer("upstream answered 200 with a body that holds no event")
             if not chunk:
                 raise Unavailable("upstream closed the stream before its first event")
-            self._pending = self._decoder.feed(chunk)
+            self._received = True
+            self._pending = self._feed(chunk, BadAnswer)
         return self._pending[0]
 
+    def _feed(self, chunk: bytes, error: type[BackendError]) -> list[bytes]:
+        events = self._decoder.feed(chunk)
+        if self._decoder.buffered > self._limit:
+            raise error(f"upstream sent an event of more than {self._limit} bytes")
+        return events
+
     async def read_first(self) -> bytes:
-        """The first event, checked: an error event raises, and a chat stream's role chunk
-        is checked together with the event after it."""
+        """The first event, checked: one that is not a JSON object raises ``BadAnswer``, an
+        error event as for its status, and a chat stream's role chunk is checked together
+        with the event after it."""
         self.first = await self._fill()
         self._pending.pop(0)
         self.done = self.first == DONE
         if not self.done:
-            _raise_for_event(self.first)
+            _check_event(self.first)
             if _is_prelude(self.first):
-                _raise_for_event(await self._fill())
+                second = await self._fill()
+                if second != DONE:
+                    _check_event(second)
         return self.first
+
+    @property
+    def limit(self) -> int:
+        """Bytes one event, or an answer assembled from the stream, may take."""
+        return self._limit
 
     def take_pending(self) -> list[bytes]:
         """Events that arrived with the first one: the caller sends them together."""
@@ -126,11 +165,11 @@ class UpstreamStream:
                     batch = batch[: batch.index(DONE) + 1]
                 yield batch
                 continue
-            with _mapped(started=True):
+            with _mapped(started=True, deadline=self._response.deadline):
                 chunk = await self._response.chunk()
             if not chunk:
                 raise StreamBroken("upstream ended the stream without [DONE]")
-            self._pending = self._decoder.feed(chunk)
+            self._pending = self._feed(chunk, StreamBroken)
 
     def close(self) -> None:
         """Release the connection; one that has not finished is closed, so upstream aborts."""
@@ -143,9 +182,16 @@ class UpstreamStream:
 class Upstream:
     """Owns the HTTP client; opens streams to endpoints."""
 
-    def __init__(self, *, max_connections: int = 1024, keepalive_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = 1024,
+        keepalive_s: float = 30.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s
+        self.max_response_bytes = max_response_bytes
         self._client: Client | None = None
 
     async def start(self) -> None:
@@ -157,11 +203,23 @@ class Upstream:
             self._client = None
 
     def _post(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts, idle_s: float
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: Timeouts,
+        idle_s: float,
+        deadline: float | None,
     ) -> Awaitable[Response]:
         assert self._client is not None, "Upstream.start() was not awaited"
         return self._client.request(
-            b"POST", url, headers, body, connect_s=timeouts.connect_s, idle_s=idle_s
+            b"POST",
+            url,
+            headers,
+            body,
+            connect_s=timeouts.connect_s,
+            idle_s=idle_s,
+            deadline=deadline,
         )
 
     async def fetch_text(self, url: str, timeout_s: float) -> str:
@@ -175,27 +233,38 @@ class Upstream:
                 if response.status != 200:
                     response.close()
                     raise Unavailable(f"{url} answered {response.status}", response.status)
-                body = await _read_whole(response)
+                body = await _read_whole(response, self.max_response_bytes)
         return body.decode(errors="replace")
 
     async def complete(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
-    ) -> bytes:
-        """POST a non-streaming request and read the whole answer. A body that fails after a
-        successful head is ``StreamBroken``: the answer had started. The head comes when the
-        answer is done, so only ``total_s`` bounds the wait (a hung server is noticed by the
-        outlier detector: ``Pools.complete`` gives up on an endpoint ejected meanwhile)."""
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: Timeouts,
+        deadline: float | None = None,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """POST a non-streaming request and read the whole answer: its bytes and the JSON
+        object they hold (``BadAnswer`` when they hold none, or are more than
+        ``max_response_bytes``). A body that fails after a successful head is
+        ``StreamBroken``: the answer had started. The head comes when the answer is done, so
+        only ``deadline`` bounds the wait (a hung server is noticed by the outlier detector:
+        ``Pools.complete`` gives up on an endpoint ejected meanwhile)."""
+        deadline = _sooner(deadline, timeouts.total_s)
         response: Response | None = None
         try:
-            async with asyncio.timeout(timeouts.total_s):
+            async with asyncio.timeout_at(deadline):
                 with _mapped(started=False):
-                    response = await self._post(url, body, headers, timeouts, timeouts.total_s)
-                with _mapped(started=response.status < 400):
-                    return await _read_whole(response)
+                    idle_s = timeouts.total_s
+                    response = await self._post(url, body, headers, timeouts, idle_s, deadline)
+                response.idle_s = timeouts.idle_s  # the body has begun: it must keep coming
+                with _mapped(started=response.status < 400, deadline=deadline):
+                    whole = await _read_whole(response, self.max_response_bytes)
         except TimeoutError as exc:
             if response is not None and response.status < 400:
-                raise StreamBroken("the answer did not end within the total timeout") from exc
+                raise AnswerTimeout("the answer did not end within the request's total_s") from exc
             raise UpstreamTimeout("no answer from upstream in time") from exc
+        return whole, _json_object(whole)
 
     async def exchange(
         self,
@@ -204,14 +273,18 @@ class Upstream:
         body: bytes,
         headers: Mapping[str, str],
         timeouts: Timeouts,
+        deadline: float | None = None,
     ) -> Reply:
         """One request whose answer is passed on as it came, a 4xx included (the request's
         own fault); a 5xx, 408 or 429 raises ``Unavailable``, so another endpoint may serve,
-        and ``total_s`` bounds the whole exchange."""
+        and ``deadline`` (else ``total_s``) bounds the whole exchange. An answer of more than
+        ``max_response_bytes`` is ``BadAnswer``."""
         assert self._client is not None, "Upstream.start() was not awaited"
+        deadline = _sooner(deadline, timeouts.total_s)
+        limit = self.max_response_bytes
         response: Response | None = None
         try:
-            async with asyncio.timeout(timeouts.total_s):
+            async with asyncio.timeout_at(deadline):
                 with _mapped(started=False):
                     response = await self._client.request(
                         method.encode("ascii"),
@@ -220,29 +293,42 @@ class Upstream:
                         body,
                         connect_s=timeouts.connect_s,
                         idle_s=timeouts.total_s,
+                        deadline=deadline,
                     )
                     if response.status >= 500 or response.status in (408, 429):
-                        await _read_whole(response)  # raises Unavailable
-                with _mapped(started=True):
-                    answer = await _read_any(response)
+                        await _read_whole(response, limit)  # raises Unavailable
+                response.idle_s = timeouts.idle_s  # the body has begun: it must keep coming
+                with _mapped(started=True, deadline=deadline):
+                    answer = await _read_any(response, limit)
         except TimeoutError as exc:
             if response is not None:
-                raise StreamBroken("the answer did not end within the total timeout") from exc
+                raise AnswerTimeout("the answer did not end within the request's total_s") from exc
             raise UpstreamTimeout("no answer from upstream in time") from exc
         assert response is not None
         return Reply(response.status, response.content_type, answer)
 
     async def open(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: Timeouts,
+        deadline: float | None = None,
     ) -> UpstreamStream:
-        """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise."""
+        """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise.
+        The stream's reads end at ``deadline`` too."""
         with _mapped(started=False):
-            async with asyncio.timeout(timeouts.first_byte_s):
-                response = await self._post(url, body, headers, timeouts, timeouts.idle_s)
+            loop = asyncio.get_running_loop()
+            first_by = loop.time() + timeouts.first_byte_s
+            async with asyncio.timeout_at(
+                first_by if deadline is None else min(first_by, deadline)
+            ):
+                idle_s = timeouts.idle_s
+                response = await self._post(url, body, headers, timeouts, idle_s, deadline)
                 try:
                     if response.status >= 400:
                         await _raise_for(response)
-                    stream = UpstreamStream(response)
+                    stream = UpstreamStream(response, self.max_response_bytes)
                     await stream.read_first()
                 except BaseException:
                     response.close()
@@ -250,27 +336,65 @@ class Upstream:
         return stream
 
 
-async def _read_whole(response: Response) -> bytes:
-    """The whole body; ``BackendError`` for an error status. A connection whose answer was
-    read is reused, one abandoned half-way (a timeout, a cancelled request) closed."""
+def past(deadline: float | None) -> bool:
+    """Whether ``deadline`` (loop time) has come."""
+    return deadline is not None and asyncio.get_running_loop().time() >= deadline - 1e-3
+
+
+def _sooner(deadline: float | None, seconds: float) -> float:
+    """``deadline``, or ``seconds`` from now if that comes first."""
+    by = asyncio.get_running_loop().time() + seconds
+    return by if deadline is None else min(by, deadline)
+
+
+async def _read_whole(response: Response, limit: int) -> bytes:
+    """The whole body, read chunk by chunk and given up past ``limit`` bytes, or at once
+    when its ``Content-Length`` says it is larger (``BadAnswer``);
+    ``BackendError`` for an error status. A connection whose answer was read is reused, one
+    abandoned half-way (a timeout, a cancelled request, a body too large) closed."""
     try:
         if response.status >= 400:
             await _raise_for(response)
-        body = await response.read()
-    except BackendError:
-        response.release()
+        if response.length is not None and response.length > limit:
+            raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
+        parts: list[bytes] = []
+        size = 0
+        while data := await response.chunk():
+            size += len(data)
+            if size > limit:
+                raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
+            parts.append(data)
+    except (BadAnswer, UpstreamRejected, Unavailable) as exc:
+        if isinstance(exc, BadAnswer):
+            response.close()
+        else:
+            response.release()
         raise
     except BaseException:
         response.close()
         raise
     response.release()
-    return body
+    return b"".join(parts)
 
 
-async def _read_any(response: Response) -> bytes:
-    """The whole body, whatever the status."""
+def _json_object(body: bytes) -> dict[str, Any]:
+    """The JSON object a 200 answer holds; ``BadAnswer`` when it holds none (an HTML page,
+    SSE text)."""
     try:
-        body = await response.read()
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise BadAnswer(f"upstream answered 200 with no JSON object: {body[:80]!r}")
+    return answer
+
+
+async def _read_any(response: Response, limit: int) -> bytes:
+    """The whole body, whatever the status; ``BadAnswer`` past ``limit`` bytes."""
+    try:
+        body = b"" if (response.length or 0) > limit else await response.read(limit + 1)
+        if len(body) > limit or (response.length or 0) > limit:
+            raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
     except BaseException:
         response.close()
         raise
@@ -280,24 +404,32 @@ async def _read_any(response: Response) -> bytes:
 
 async def _raise_for(response: Response) -> None:
     body = await response.read(_ERROR_BODY_LIMIT)
-    _raise_status(response.status, body)
+    _raise_status(response.status, body, _seconds(response.retry_after))
 
 
-def _raise_status(status: int | None, body: bytes) -> None:
+def _seconds(retry_after: bytes | None) -> float | None:
+    """A ``Retry-After`` of delta-seconds, up to an hour; ``None`` for none or a date."""
+    if retry_after is None or not retry_after.strip().isdigit():
+        return None
+    return min(float(retry_after.strip()), _RETRY_AFTER_MAX_S)
+
+
+def _raise_status(status: int | None, body: bytes, told_s: float | None = None) -> None:
     if status is None or status in (408, 429) or status >= 500:
-        raise Unavailable(f"upstream answered {status or 'an error'}", status)
+        raise Unavailable(f"upstream answered {status or 'an error'}", status, told_s)
     raise UpstreamRejected(status, body)
 
 
-def _raise_for_event(data: bytes) -> None:
-    """Raise as for an HTTP error when ``data`` is an error object instead of a chunk."""
-    if b'"error"' not in data:
-        return
+def _check_event(data: bytes) -> None:
+    """Raise ``BadAnswer`` when an opening event is not a JSON object, and as for an HTTP
+    error when it is an error object instead of a chunk."""
     try:
         event = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return
-    if not isinstance(event, dict) or event.get("choices"):
+        event = None
+    if not isinstance(event, dict):
+        raise BadAnswer(f"upstream opened its stream with no JSON object: {data[:80]!r}")
+    if b'"error"' not in data or event.get("choices"):
         return
     error = event.get("error")
     if not isinstance(error, dict):

@@ -5,15 +5,23 @@ requests of ``httpx`` clients.
 - the fault matrix: the simulator's knobs (``/sim/control``: independent errors, streams
   dropped mid-answer, every endpoint overloaded), SIGKILL and SIGSTOP of an endpoint, and
   hostile connections (a slowloris and a header flood) beside normal clients;
+- hostile upstreams (``bench/hostile.py``: HTML with 200, non-JSON SSE, a stream that never
+  ends, a 200 MB body, a short body under a long ``Content-Length``, HTTP/1.0 without a
+  length, one 10 MB event, 429 with ``Retry-After``), each as the only rung of its ladder and
+  with a healthy rung below, beside normal traffic: what the client gets, the gateway's RSS
+  and event-loop lag (the slowest ``/healthz`` meanwhile), and the normal traffic's errors;
 - at least 10,000 fuzzed requests (bodies, headers, methods, paths): no 5xx;
 - a soak at concurrency 64 for ``--soak-s`` (default 10 minutes), with the gateway's RSS,
   open file descriptors and event-loop tasks sampled.
+
+Every OpenAI route the suite drives is in ``ROUTES``: load, fuzz and hostile rows alike.
 
 Writes a table (scenario, requests, client errors, expected, verdict) to bench/RESULTS.md
 under "Fault suite (issue 9)", replacing an earlier one. Usage::
 
     .venv/bin/python -m bench.faults                       # everything, 10-minute soak
     .venv/bin/python -m bench.faults --soak-s 120 --fuzz 10000
+    .venv/bin/python -m bench.faults --only hostile       # one phase
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +50,7 @@ MODEL = "qwen3-32b"
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADING = "## Fault suite (issue 9)"
 HEALTHY = {"error_rate": 0, "die_rate": 0, "stall_rate": 0, "hang_rate": 0, "overloaded": False}
+ROUTES = ("/v1/chat/completions", "/v1/completions")  # every OpenAI route the suite drives
 
 
 @dataclass
@@ -140,26 +150,36 @@ rules: [{{name: default, start: spec}}]
         os.killpg(self.sims[name][0].popen.pid, sig)
 
 
-def _chat(rng: random.Random, stream: bool) -> dict[str, Any]:
+def _chat(rng: random.Random, stream: bool, route: str = ROUTES[0]) -> dict[str, Any]:
+    """A request of ``route``'s shape."""
     words = " ".join(rng.choice(["json", "code", "story", "list", "why"]) for _ in range(8))
+    asked: dict[str, Any] = {"prompt": words}
+    if route.endswith("/chat/completions"):
+        asked = {"messages": [{"role": "user", "content": words}]}
     return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": words}],
+        **asked,
         "max_tokens": rng.randint(4, 24),
         "temperature": rng.choice([0.0, 0.7, 1.0]),
         "stream": stream,
     }
 
 
-async def _one(c: httpx.AsyncClient, url: str, body: dict[str, Any], tally: Tally) -> None:
+async def _one(
+    c: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    tally: Tally,
+    route: str = ROUTES[0],
+) -> None:
     try:
         if not body.get("stream"):
-            r = await c.post(url + "/v1/chat/completions", json=body)
+            r = await c.post(url + route, json=body)
             tally.count(r.status_code)
             if r.status_code in (429, 503) and "retry-after" not in r.headers:
                 tally.no_retry_after += 1
             return
-        async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        async with c.stream("POST", url + route, json=body) as r:
             data = b"".join([chunk async for chunk in r.aiter_bytes()])
             tally.count(r.status_code)
             if r.status_code == 200 and not data.endswith(b"data: [DONE]\n\n"):
@@ -183,7 +203,8 @@ async def load(
     async def worker() -> None:
         async with httpx.AsyncClient(timeout=30) as c:
             for i in left:
-                await _one(c, url, _chat(rng, stream=i % 2 == 0), tally)
+                route = ROUTES[i // 2 % len(ROUTES)]
+                await _one(c, url, _chat(rng, i % 2 == 0, route), tally, route)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return tally
@@ -218,7 +239,7 @@ async def matrix(stack: Stack, n: int) -> list[Row]:
     )
     await scenario(
         "every endpoint overloaded (503)",
-        "all 503 with Retry-After, no 500",
+        "all 503 with Retry-After; 0 of 500",
         lambda t: set(t.statuses) == {503} and t.no_retry_after == 0,
         stack.control({"overloaded": True}),
     )
@@ -287,6 +308,157 @@ async def _flood(host: str, port: int, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.05)
 
 
+# mode: what a client may get with the hostile endpoint as its ladder's only rung, and with
+# a healthy rung below it (-1: a stream that ended in an SSE error event). Alone, a 503 is a
+# whole answer given up when its endpoint was ejected meanwhile (or, for "short", a whole
+# answer whose retries broke too); below, a 200 for "endless" comes once it is ejected. A
+# 504 for "huge" alone is a stream whose first event did not come within first_byte_s.
+HOSTILE: dict[str, tuple[set[int], set[int]]] = {
+    "html": ({502, 503}, {200}),
+    "sse-text": ({502, 503}, {200}),
+    "endless": ({503, 504, -1}, {504, -1, 200}),
+    "huge": ({502, 503, 504}, {200}),
+    "short": ({502, 503, 504, -1}, {200, -1}),
+    "http10": ({200}, {200}),
+    "big-event": ({200}, {200}),
+    "429": ({429}, {200}),
+}
+HOSTILE_TOTAL_S = 8.0
+
+
+def _hostile_policy(hostile: str, sim: str) -> str:
+    """One ladder of the hostile endpoint alone and one with a healthy rung below it per
+    mode; normal traffic on its own ladder. Whole answers pass through on every pool."""
+    timeouts = f"{{connect_s: 1, first_byte_s: 4, idle_s: 3, total_s: {HOSTILE_TOTAL_S}}}"
+    pools = [f"  good: {{kind: standard, model: {MODEL}, endpoints: [{sim}]}}"]
+    ladders = [f"  {MODEL}: [good]"]
+    rules = []
+    spec = "num_speculative_tokens: 4"
+    for mode in HOSTILE:
+        bad = (
+            f"endpoints: [{hostile}/{mode}], timeouts: {timeouts}, passthrough_non_streaming: true"
+        )
+        pools += [
+            f"  bad-{mode}: {{kind: speculative, model: fb-{mode}, {spec}, {bad}}}",
+            f"  fb-{mode}: {{kind: standard, model: fb-{mode}, endpoints: [{sim}]}}",
+            f"  alone-{mode}: {{kind: standard, model: alone-{mode}, {bad}}}",
+        ]  # fmt: skip
+        ladders += [f"  fb-{mode}: [bad-{mode}, fb-{mode}]", f"  alone-{mode}: [alone-{mode}]"]
+        rules.append(f"  - {{name: fb-{mode}, match: {{model: [fb-{mode}]}}, start: bad-{mode}}}")
+    return "\n".join(
+        ["version: 1", "pools:", *pools, "ladders:", *ladders, "rules:", *rules,
+         "  - {name: default, start: standard}"]
+    )  # fmt: skip
+
+
+def _rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return (
+        next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        / 1024
+    )
+
+
+def _watch(pid: int, url: str, stop: threading.Event) -> tuple[float, float]:
+    """The gateway's peak RSS (MiB) and its slowest ``/healthz`` (s) until ``stop``: in a
+    thread of its own with blocking calls, so that the load's event loop does not delay it."""
+    peak = lag = 0.0
+    with httpx.Client(timeout=60) as c:
+        while not stop.is_set():
+            peak = max(peak, _rss_mib(pid))
+            start = time.monotonic()
+            c.get(url + "/healthz")
+            lag = max(lag, time.monotonic() - start)
+            stop.wait(0.1)
+    return peak, lag
+
+
+async def _hostile_row(url: str, pid: int, mode: str, alone: bool, n: int) -> Row:
+    model = f"{'alone' if alone else 'fb'}-{mode}"
+    expected = HOSTILE[mode][0 if alone else 1]
+    tally, normal, slowest = Tally(), Tally(), [0.0]
+    rng = random.Random(5)
+    left = iter(range(n))
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        async with httpx.AsyncClient(timeout=120) as c:
+            for i in left:
+                route = ROUTES[i // 2 % len(ROUTES)]
+                body = _chat(rng, i % 2 == 0, route) | {"model": model}
+                start = time.monotonic()
+                await _one(c, url, body, tally, route)
+                slowest[0] = max(slowest[0], time.monotonic() - start)
+
+    async def other() -> None:
+        async with httpx.AsyncClient(timeout=30) as c:
+            while not stop.is_set():
+                route = rng.choice(ROUTES)
+                await _one(c, url, _chat(rng, rng.random() < 0.5, route), normal, route)
+
+    before = _rss_mib(pid)
+    halt = threading.Event()
+    watch = asyncio.create_task(asyncio.to_thread(_watch, pid, url, halt))
+    others = [asyncio.create_task(other()) for _ in range(4)]
+    await asyncio.gather(*(worker() for _ in range(8)))
+    stop.set()
+    halt.set()
+    await asyncio.gather(*others)
+    peak, lag = await watch
+    got = {status for status, count in tally.statuses.items() if count}
+    ok = (
+        got <= expected
+        and tally.truncated == 0
+        and tally.transport == 0
+        and normal.errors == 0
+        and slowest[0] <= HOSTILE_TOTAL_S + 2
+    )
+    note = (
+        f"{_note(tally)}; slowest {slowest[0]:.1f} s; RSS {before:.0f} -> peak {peak:.0f} MiB; "
+        f"slowest /healthz {lag * 1000:.0f} ms; other traffic {normal.errors}/{normal.requests} "
+        "errors"
+    )
+    where = "alone" if alone else "with a healthy rung below"
+    shown = ", ".join("SSE error event" if s == -1 else str(s) for s in sorted(expected))
+    return Row(f"hostile upstream: {mode}, {where}", tally.requests, tally.errors,
+               f"{shown}; total <= total_s ({HOSTILE_TOTAL_S:.0f} s)", ok, note)  # fmt: skip
+
+
+async def hostile_upstreams(sup: Supervisor, tmp: Path, n: int) -> list[Row]:
+    """Each mode of ``bench/hostile.py`` alone and above a healthy rung, beside normal
+    traffic, through one gateway in front of the hostile server and one simulator."""
+    port = free_port()
+    hostile = sup.start("hostile", [sys.executable, "-m", "bench.hostile", "--port", str(port)])
+    hostile_url = f"http://127.0.0.1:{port}"
+    sup.wait_ready(hostile, hostile_url + "/v1/models")
+    port = free_port()
+    argv = [sys.executable, "-m", "gateway", "sim", "--mode", "standard", "--port", str(port)]
+    argv += ["--time-scale", "0.01", "--model", MODEL]
+    for mode in HOSTILE:
+        argv += ["--model", f"fb-{mode}"]
+    sim = sup.start("sim-hostile", argv)
+    sim_url = f"http://127.0.0.1:{port}"
+    sup.wait_ready(sim, sim_url + "/v1/models")
+    policy = tmp / "hostile-policy.yaml"
+    policy.write_text(_hostile_policy(hostile_url, sim_url))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
+    env |= {"SPECLANE_POLICY": str(policy), "SPECLANE_PORT": str(port),
+            "SPECLANE_LOG_LEVEL": "error", "SPECLANE_DRAIN_DELAY_S": "0"}  # fmt: skip
+    gateway = sup.start("gateway-hostile", [sys.executable, "-m", "gateway", "serve"], env)
+    sup.wait_ready(gateway, url + "/healthz")
+    rows = []
+    try:
+        for mode in HOSTILE:
+            for alone in (True, False):
+                rows.append(await _hostile_row(url, gateway.popen.pid, mode, alone, n))
+    finally:
+        for child in (gateway, sim, hostile):
+            sup.stop(child)
+    return rows
+
+
 def _fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]:
     values: list[Any] = [
         None, True, -1, 0, 1e308, "x" * rng.randint(0, 5000), [], {}, "\u0000", "\ud7ff",
@@ -323,8 +495,7 @@ def _fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes
     encoded = {k: v.encode() for k, v in headers.items()}  # UTF-8 bytes, not ASCII
     method = rng.choice(["POST"] * 8 + ["GET", "PUT"])
     path = rng.choice(
-        ["/v1/chat/completions"] * 6
-        + ["/v1/completions", "/v1/models", "/admin/audit?limit=abc", "/%ff"]
+        [ROUTES[0]] * 5 + list(ROUTES) + ["/v1/models", "/admin/audit?limit=abc", "/%ff"]
     )
     return method, path, encoded, raw
 
@@ -379,7 +550,8 @@ async def soak(stack: Stack, seconds: float, concurrency: int) -> tuple[Row, lis
     async def worker() -> None:
         async with httpx.AsyncClient(timeout=30) as c:
             while time.monotonic() < stop:
-                await _one(c, stack.url, _chat(rng, rng.random() < 0.5), tally)
+                route = rng.choice(ROUTES)
+                await _one(c, stack.url, _chat(rng, rng.random() < 0.5, route), tally, route)
 
     async def sampler() -> None:
         start = time.monotonic()
@@ -447,6 +619,9 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
     soak_lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, Supervisor(Path(tmp)) as sup:
         for phase in args.only:
+            if phase == "hostile":
+                rows += await hostile_upstreams(sup, Path(tmp), args.hostile_requests)
+                continue
             stack = Stack(sup, Path(tmp))
             if phase == "fuzz":
                 rows.append(await fuzz(stack.url, args.fuzz))
@@ -467,7 +642,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--fuzz", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=400, help="per matrix scenario")
-    phases = ["matrix", "fuzz", "soak"]
+    parser.add_argument(
+        "--hostile-requests", type=int, default=32, help="per hostile upstream and ladder"
+    )
+    phases = ["matrix", "hostile", "fuzz", "soak"]
     parser.add_argument("--only", nargs="+", choices=phases, default=phases)
     rows = asyncio.run(main_async(parser.parse_args()))
     for r in rows:

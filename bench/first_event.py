@@ -1,10 +1,11 @@
 """What checking a stream's first events costs, against what relaying the stream costs.
 
-Since an error event that opens a stream is the upstream's answer, ``backends/upstream.py``
-looks at the first event (and, after a chat role chunk, the next) before the stream counts
-as open. This measures that check on real vLLM 0.32 streams (``tests/vllm_fixtures``),
-side by side with the parse of every event the relay does anyway, interleaved in one
-process; the figure that matters is the ratio, not the microseconds.
+Since an error event that opens a stream is the upstream's answer, and one that is not a
+JSON object no answer at all, ``backends/upstream.py`` parses the first event (and, after a
+chat role chunk, the next) before the stream counts as open. This measures that check on
+real vLLM 0.32 streams (``tests/vllm_fixtures``), side by side with the parse of every event
+the relay does anyway, interleaved in one process; the figure that matters is the ratio, not
+the microseconds.
 
     .venv/bin/python bench/first_event.py
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from backends.upstream import _is_prelude, _raise_for_event
+from backends.upstream import _check_event, _is_prelude
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,9 +32,9 @@ def events(name: str) -> list[bytes]:
 
 
 def check(stream: list[bytes]) -> None:
-    _raise_for_event(stream[0])
+    _check_event(stream[0])
     if _is_prelude(stream[0]):
-        _raise_for_event(stream[1])
+        _check_event(stream[1])
 
 
 def relay(stream: list[bytes]) -> None:

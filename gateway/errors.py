@@ -18,11 +18,22 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
      │                                       byte, its final SSE error event
      ├── 502 upstream_error                  an upstream error event after the first, with
      │                                       a 5xx code or none (``UpstreamErrorEvent``)
-     ├── 503 no_healthy_upstream             every pool of the ladder failed (Retry-After)
+     ├── 502 upstream_bad_answer             every try answered 200 with no answer: not a
+     │                                       JSON object, or over ``max_response_bytes``
+     │                                       (``BadAnswer``); after a stream's first byte,
+     │                                       an event over it ends the stream (502
+     │                                       upstream_stream_broken)
+     ├── 429 upstream_rate_limited           every try was answered 429 (Retry-After: the
+     │                                       largest an upstream sent, at least the pools')
+     ├── 503 no_healthy_upstream             every pool of the ladder failed (Retry-After:
+     │                                       the pools' own, or the largest an upstream sent)
      ├── 503 shutting_down                   draining (Retry-After, Connection: close); as
      │                                       the final SSE event of a stream cut at the
      │                                       end of the drain
-     ├── 504 upstream_timeout                every try timed out
+     ├── 504 upstream_timeout                every try timed out, or the request's time ran
+     │                                       out (its first rung's ``total_s``, all tries
+     │                                       included; ``AnswerTimeout``): after a stream's
+     │                                       first byte, its final SSE error event
      ├── 4xx upstream_rejected               an upstream 4xx whose body is no error object
      │ the admin API (gateway/server/admin.py, admin_policy.py)
      ├── 400 invalid_request_error           a bad body or query parameter
@@ -37,7 +48,9 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
      │ routing (gateway/server/app.py), in vLLM's (FastAPI's) shape: {"detail": ...}
      ├── 404 Not Found, 405                  no such route; a method the route lacks
      └── 500 (no code)                       a bug: logged with its traceback, answered
-                                             ``internal_error()``, no detail
+                                             ``internal_error()``, no detail; counted in
+                                             speclane_request_errors_total as
+                                             ``internal_error`` on the OpenAI routes
 
 Before a request exists (``gateway/server/connections.py``, the same shape, then
 ``Connection: close``): 400 (not HTTP/1.1), 408 ``request_timeout``, 431
@@ -65,7 +78,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backends.errors import BackendError, StreamBroken, UpstreamRejected, UpstreamTimeout
+from backends.errors import (
+    AnswerTimeout,
+    BackendError,
+    BadAnswer,
+    StreamBroken,
+    Unavailable,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
 
 JSON = "application/json"
 BROKEN = "upstream_stream_broken"
@@ -121,11 +142,22 @@ def from_backend(exc: BackendError | UpstreamErrorEvent) -> ApiError:
     """What the client is told of a failure nothing more will be tried for."""
     if isinstance(exc, UpstreamErrorEvent):
         return _server_error(502, str(exc), "upstream_error")
+    if isinstance(exc, (AnswerTimeout, UpstreamTimeout)):
+        return _server_error(504, str(exc), "upstream_timeout")
     if isinstance(exc, StreamBroken):
         return _server_error(502, str(exc), BROKEN)
-    if isinstance(exc, UpstreamTimeout):
-        return _server_error(504, str(exc), "upstream_timeout")
+    if isinstance(exc, BadAnswer):
+        return _server_error(502, str(exc), "upstream_bad_answer")
     retry = exc.retry_after_s or 1.0
+    if isinstance(exc, Unavailable) and exc.status == 429:
+        message = f"every upstream is busy; try again later: {exc}"
+        return ApiError(
+            status=429,
+            message=message,
+            type="rate_limit_error",
+            code="upstream_rate_limited",
+            retry_after_s=retry,
+        )
     return _server_error(503, str(exc), "no_healthy_upstream", retry)
 
 

@@ -17,7 +17,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from backends.errors import BackendError, StreamBroken, UpstreamRejected
+from backends.errors import AnswerTimeout, BackendError, StreamBroken, UpstreamRejected
 from backends.pool import Attempt, Completed, Opened, PoolSpec
 from backends.retries import BreakBudget
 from gateway import schema
@@ -49,7 +49,8 @@ _OPERATION = {"chat": "chat", "completion": "text_completion"}  # GenAI conventi
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ask:
-    """One request after steps 1-4: what was asked, of whom, and what the policy decided."""
+    """One request after steps 1-4: what was asked, of whom, and what the policy decided;
+    ``deadline`` (event-loop time) ends every try of it (``Pools.deadline``)."""
 
     kind: schema.Kind
     parsed: schema.AnyRequest
@@ -62,6 +63,7 @@ class Ask:
     decided: float
     trace: Trace
     expect: Expectation | None
+    deadline: float
 
 
 async def complete(
@@ -126,6 +128,7 @@ async def _serve(
         decided=services.clock(),
         trace=trace,
         expect=expect(payload),
+        deadline=services.pools.deadline(decision.rungs),
     )
     pool = policy.pools[decision.pool]
     if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
@@ -216,6 +219,8 @@ async def _collected_within(
         try:
             answer = await _relay(services, ask, opened, retry=retry).collect(chat=chat)
         except StreamBroken as exc:
+            if isinstance(exc, AnswerTimeout):
+                raise  # the request's time is up: no retry could finish
             broken.append(Attempt(opened.spec.name, opened.endpoint.url, str(exc)))
             if not budget.spend(opened.endpoint.url, services.clock()):
                 raise broke(len(broken)) from None
@@ -260,18 +265,10 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
         return done
     labels = _labels(ask, done, chunks=False)
     measurement = _measurement(services, ask, labels, done.spec, _mirror(services, ask, labels))
-    COMPLETIONS.whole(measurement, _json_object(done.body))
+    COMPLETIONS.whole(measurement, done.answer)
     measurement.finish(Status.OK)
     headers = _decision_headers(services, ask, done.spec.name, done.attempts)
     return Response(done.body, headers=headers, media_type=JSON)
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        answer = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return {}
-    return answer if isinstance(answer, dict) else {}
 
 
 def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
@@ -345,20 +342,22 @@ def _too_large(limit: int) -> ApiError:
 
 
 Body = bytes | Callable[[PoolSpec], bytes]
-Send = Callable[[Sequence[str], str, Body, Mapping[str, str]], Awaitable[T]]
+Send = Callable[[Sequence[str], str, Body, Mapping[str, str], float], Awaitable[T]]
 
 
 async def _forward(
     services: Services, ask: Ask, send: Send[T], payload: dict[str, Any], accept: str
 ) -> T | Response:
-    """Step 5 through ``Pools.open`` or ``Pools.complete``: failover happens inside; a 4xx
-    comes back as the client's answer, exhausted rungs as a 503 or 504."""
+    """Step 5 through ``Pools.open`` or ``Pools.complete``, by the request's deadline:
+    failover happens inside; a 4xx comes back as the client's answer, exhausted rungs as a
+    502, 503 or 504 (a 429 when every upstream asked to wait)."""
     body = orjson.dumps(payload)
     forward = {"content-type": JSON, "accept": accept, "x-request-id": ask.request_id}
     with ask.trace.step("forward"):
         ask.trace.inject(forward)
         try:
-            result = await send(ask.decision.rungs, ask.path, _per_engine(body, payload), forward)
+            rungs, engine_body = ask.decision.rungs, _per_engine(body, payload)
+            result = await send(rungs, ask.path, engine_body, forward, ask.deadline)
         except UpstreamRejected as exc:
             services.telemetry.rejected(exc.pool or ask.decision.pool, exc.status)
             return rejected(exc, _decision_headers(services, ask, exc.pool or ask.decision.pool))

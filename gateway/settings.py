@@ -144,6 +144,13 @@ class Settings(BaseSettings):
         description="an idle connection to an endpoint is reused for this long, then opened "
         "anew; keep it below the servers' own keep-alive timeout",
     )
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=64 * 1024,
+        description="an upstream's whole answer, or one event of its stream, larger than this "
+        "is given up as it is read: another endpoint is tried, else 502 (a final error event "
+        "once a stream has started); bounds the memory one answer takes (default 32 MiB)",
+    )
     outlier_consecutive_failures: int = Field(
         5, ge=1, description="an endpoint is ejected after this many failures in a row"
     )

@@ -79,7 +79,7 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "connect_s": "seconds to open a connection",
         "first_byte_s": "seconds to wait for the first streamed event",
         "idle_s": "seconds to wait between streamed events",
-        "total_s": "seconds to wait for a whole answer requested without streaming",
+        "total_s": "seconds a whole request may take, every try included (the first rung's)",
     },
     m.Range: {"min": "smallest value that matches (inclusive)", "max": "largest (inclusive)"},
     m.ToolNames: {"names": "matches when the request offers at least one of these tools"},

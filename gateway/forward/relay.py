@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from backends.errors import StreamBroken, UpstreamRejected
+from backends.errors import AnswerTimeout, StreamBroken, UpstreamRejected
 from backends.pool import Opened
 from backends.upstream import DONE
 from gateway.errors import UpstreamErrorEvent, from_backend
@@ -106,7 +106,8 @@ class Relay:
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
             # past the first byte nothing can be tried again: the client is told here
-            failed = from_backend(StreamBroken(self._error))
+            late = isinstance(exc, AnswerTimeout)
+            failed = from_backend((AnswerTimeout if late else StreamBroken)(self._error))
             yield (b"" if held is None else _event(held)) + failed.sse()
         finally:
             self._finish()
@@ -137,10 +138,12 @@ class Relay:
         return held
 
     async def collect(self, chat: bool) -> dict[str, Any]:
-        """The whole answer as one body. A stream that broke raises ``StreamBroken`` and an
-        error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for a 4xx code): the caller
-        decides whether to try again."""
+        """The whole answer as one body, of at most the stream's ``limit`` bytes of events
+        (``max_response_bytes``). A stream that broke, or grew past it, raises
+        ``StreamBroken`` and an error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for
+        a 4xx code): the caller decides whether to try again."""
         assembler = Assembler(chat)
+        size, limit = 0, self._opened.stream.limit
         try:
             async for batch in self._batches():
                 now = self._clock()
@@ -148,6 +151,9 @@ class Relay:
                     if data == DONE:
                         self._status = Status.OK
                         return assembler.body()
+                    size += len(data)
+                    if size > limit:
+                        raise StreamBroken(f"the answer grew past {limit} bytes")
                     assembler.add(self._inspect(data, now))
             raise StreamBroken("upstream ended without [DONE]")
         except UpstreamErrorEvent as exc:
@@ -158,7 +164,8 @@ class Relay:
             raise
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            raise StreamBroken(self._error) from None
+            late = isinstance(exc, AnswerTimeout)
+            raise (AnswerTimeout if late else StreamBroken)(self._error) from None
         finally:
             self._finish()
 

@@ -73,6 +73,7 @@ def build_services(
     upstream = Upstream(
         max_connections=settings.upstream_max_connections,
         keepalive_s=settings.upstream_keepalive_s,
+        max_response_bytes=settings.max_response_bytes,
     )
     telemetry = Telemetry.build(
         settings.otlp_endpoint,
@@ -290,17 +291,18 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     else:
         routes += console_off_routes(admin_api=settings.admin_token is not None)
     on_api_error = _counted(services.telemetry)
+    on_crash = _crashed(services.telemetry)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
             ApiError: on_api_error,
             HTTPException: _http_error,
-            Exception: _unexpected,
+            Exception: on_crash,
         },
     )
     hot = {"/v1/chat/completions": api.chat, "/v1/completions": api.completions}
-    return FastLane(app, hot, on_api_error, services.gate)
+    return FastLane(app, hot, on_api_error, services.gate, on_crash)
 
 
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
@@ -327,6 +329,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
-    return internal_error()
+def _crashed(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """A bug: logged with its traceback, answered 500 with no detail, and counted like any
+    other error answer of the OpenAI routes (``speclane_request_errors_total``)."""
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
+        if request.scope["path"].startswith("/v1/"):
+            telemetry.error(500, "internal_error")
+        return internal_error()
+
+    return handler

@@ -8,17 +8,14 @@ the same handlers the app uses.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import ApiError, internal_error
+from gateway.errors import ApiError
 from gateway.gate import Gate
 from gateway.identity import remember
-
-log = logging.getLogger(__name__)
 
 Answer = Callable[[Scope, Receive, Send], Awaitable[None]]
 Handler = Callable[[Request], Awaitable[Answer]]
@@ -29,12 +26,19 @@ class FastLane:
     """Dispatches the hot POST paths itself; hands everything else to ``app``."""
 
     def __init__(
-        self, app: ASGIApp, routes: Mapping[str, Handler], on_error: ErrorHandler, gate: Gate
+        self,
+        app: ASGIApp,
+        routes: Mapping[str, Handler],
+        on_error: ErrorHandler,
+        gate: Gate,
+        on_crash: ErrorHandler,
     ) -> None:
+        """``on_error`` renders an ``ApiError``; ``on_crash`` any other exception (a bug)."""
         self._app = app
         self._routes = dict(routes)
         self._on_error = on_error
         self._gate = gate
+        self._on_crash = on_crash
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -57,9 +61,8 @@ class FastLane:
                 answer = await handler(request)
             except ApiError as exc:
                 answer = await self._on_error(request, exc)
-            except Exception:
-                log.exception("unexpected error serving %s", scope["path"])
-                answer = internal_error()
+            except Exception as exc:
+                answer = await self._on_crash(request, exc)
             await answer(scope, receive, send)
         finally:
             self._gate.leave(caller)

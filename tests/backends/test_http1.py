@@ -397,3 +397,43 @@ async def test_at_the_limit_an_idle_connection_elsewhere_makes_room() -> None:
         assert await asyncio.wait_for(post(c, one.url), 2) == b'{"ok":true}'
         await c.close()
     assert (one.connections, two.connections) == (2, 1)
+
+
+async def test_a_body_still_coming_at_the_deadline_times_out() -> None:
+    """Bytes that keep coming do not stretch the deadline: the read after it raises."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+
+    async with server(handle) as srv:
+        c = client()
+        deadline = asyncio.get_running_loop().time() + 0.3
+        response = await c.request(
+            b"POST", srv.url + "/x", {}, b"", connect_s=2, idle_s=5, deadline=deadline
+        )
+        received = b""
+        with pytest.raises(TimeoutError):
+            while True:
+                received += await response.chunk()
+        assert received.startswith(b"x")
+        response.close()
+        await c.close()
+
+
+async def test_retry_after_and_content_length_are_read() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 429 Too Many\r\nretry-after: 7\r\ncontent-length: 2\r\n\r\n{}")
+
+    async with server(handle) as srv:
+        c = client()
+        response = await c.request(b"POST", srv.url + "/x", {}, b"", connect_s=2, idle_s=5)
+        assert (response.status, response.retry_after, response.length) == (429, b"7", 2)
+        assert await response.read() == b"{}"
+        response.release()
+        await c.close()

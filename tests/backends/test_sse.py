@@ -43,3 +43,14 @@ def test_incomplete_event_waits_for_its_blank_line():
     assert decoder.feed(b'data: {"a": 1}\n') == []
     assert decoder.pending == b'data: {"a": 1}\n'
     assert decoder.feed(b"\n") == [b'{"a": 1}']
+
+
+def test_a_large_event_in_many_chunks_is_kept_as_chunks_and_counted():
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: ") == []
+    for _ in range(1000):
+        assert decoder.feed(b"x" * 1000) == []
+    assert decoder.buffered == 6 + 1000 * 1000
+    assert decoder.feed(b"\n") == []
+    assert decoder.feed(b"\ndata: y\n\n") == [b"x" * 1_000_000, b"y"]
+    assert decoder.buffered == 0
