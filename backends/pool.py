@@ -256,15 +256,21 @@ class Pools:
         body: bytes | Callable[[PoolSpec], bytes],
         headers: Mapping[str, str],
         avoid: Collection[str] = (),
+        *,
+        events: bool = False,
+        pinned: str | None = None,
     ) -> Opened:
         """The first stream, down ``rungs``, that yields an event; ``body`` may depend on
-        the pool (an engine that needs a field the others refuse)."""
+        the pool (an engine that needs a field the others refuse). ``events``: read it as
+        whole events (``UpstreamStream``); ``pinned``: the one endpoint that may serve it
+        (``_plan``)."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
             sent = body(spec) if callable(body) else body
-            return await self._upstream.open(endpoint.url + path, sent, headers, spec.timeouts)
+            url = endpoint.url + path
+            return await self._upstream.open(url, sent, headers, spec.timeouts, events)
 
-        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid)
+        spec, endpoint, stream, attempts = await self._first(rungs, attempt, avoid, pinned=pinned)
         return Opened(spec, endpoint, stream, attempts, self)
 
     async def complete(
@@ -275,9 +281,12 @@ class Pools:
         headers: Mapping[str, str],
         avoid: Collection[str] = (),
         budget: BreakBudget | None = None,
+        *,
+        pinned: str | None = None,
     ) -> Completed:
         """The first whole non-streamed answer, down ``rungs``; an answer that broke part
-        way is tried again on a fresh plan while ``budget`` allows."""
+        way is tried again on a fresh plan while ``budget`` allows. ``pinned`` as for
+        ``open``."""
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> bytes:
             sent = body(spec) if callable(body) else body
@@ -296,18 +305,33 @@ class Pools:
                 given_up = "its endpoint was ejected while the answer was awaited"
                 raise UpstreamTimeout(given_up) from None
 
-        spec, endpoint, answer, attempts = await self._first(rungs, attempt, avoid, budget)
+        spec, endpoint, answer, attempts = await self._first(
+            rungs, attempt, avoid, budget, pinned=pinned
+        )
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
         return Completed(spec, endpoint, answer, attempts)
 
     def _plan(
-        self, rungs: Sequence[str], avoid: Collection[str]
+        self, rungs: Sequence[str], avoid: Collection[str], pinned: str | None = None
     ) -> list[tuple[PoolSpec, Endpoint]]:
         """Whom to try, in order: up to ``tries_per_pool`` endpoints in service per rung, down
         the ladder; then, as a last resort, ejected endpoints in place of those a pool lacks
         (so a request is never tried on fewer endpoints than without ejection, and a ladder
-        that is all ejected is still tried); then one endpoint the caller asked to avoid."""
+        that is all ejected is still tried); then one endpoint the caller asked to avoid.
+
+        A ``pinned`` request (one whose state lives on one endpoint: a stored response) is
+        tried there and nowhere else, whatever its rungs say; the rungs' pools are looked in
+        first, then every pool."""
+        if pinned is not None:
+            names = [*dict.fromkeys(rungs), *self.endpoints]
+            return [
+                (self.specs[name], e)
+                for name in dict.fromkeys(names)
+                if name in self.specs
+                for e in self.endpoints.get(name, ())
+                if e.url == pinned.rstrip("/")
+            ][:1]
         n = self._tries_per_pool
         first: list[tuple[PoolSpec, Endpoint]] = []
         last: list[tuple[PoolSpec, Endpoint]] = []
@@ -329,13 +353,15 @@ class Pools:
         attempt: Callable[[Endpoint, PoolSpec], Awaitable[T]],
         avoid: Collection[str],
         budget: BreakBudget | None = None,
+        *,
+        pinned: str | None = None,
     ) -> tuple[PoolSpec, Endpoint, T, tuple[Attempt, ...]]:
         """Try endpoints down the rungs until one answers; its ``outstanding`` stays raised.
         With a ``budget``, an answer that broke part way starts a fresh plan (the endpoints
         whose answers broke last) while the budget allows, and ends the tries when not."""
         attempts: list[Attempt] = []
         errors: list[BackendError] = []
-        plan = self._plan(rungs, avoid)
+        plan = self._plan(rungs, avoid, pinned)
         while plan:
             spec, endpoint = plan.pop(0)
             try:
@@ -348,7 +374,8 @@ class Pools:
                 errors.append(exc)
                 if isinstance(exc, StreamBroken) and budget is not None:
                     again = budget.spend(endpoint.url, self._clock())
-                    plan = self._plan(rungs, budget.avoid(self.urls(rungs))) if again else []
+                    avoided = budget.avoid(self.urls(rungs))
+                    plan = self._plan(rungs, avoided, pinned) if again else []
                 continue
             return spec, endpoint, result, tuple(attempts)
         error = _summary(errors, attempts)

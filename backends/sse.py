@@ -9,6 +9,34 @@ per line on top of a particular HTTP client, which costs more than the parse its
 from __future__ import annotations
 
 
+class EventDecoder:
+    """Feed it chunks; it returns every event completed so far whole, as its bytes came
+    (``event:`` line and all, without the blank line that ends it), for a relay that
+    passes events on as they are; an event whose data is ``[DONE]`` comes as ``[DONE]``."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if b"\r" in chunk or self._buffer.endswith(b"\r"):
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buffer = self._buffer + chunk if self._buffer else chunk
+        *blocks, self._buffer = buffer.split(b"\n\n")
+        return [b"[DONE]" if block == b"data: [DONE]" else block for block in blocks if block]
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of an event that has not been completed by a blank line yet."""
+        return self._buffer
+
+
+def data_of(block: bytes) -> bytes | None:
+    """The data of one whole event (``EventDecoder``); None when it has none."""
+    return _data(block)
+
+
 class SSEDecoder:
     """Feed it chunks; it returns the data payloads of every event completed so far."""
 

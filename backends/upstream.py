@@ -30,7 +30,7 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.http1 import BadResponse, Client, ConnectError, Disconnected, Response
-from backends.sse import SSEDecoder
+from backends.sse import EventDecoder, SSEDecoder, data_of
 
 DONE = b"[DONE]"
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -64,13 +64,20 @@ def _mapped(started: bool) -> Iterator[None]:
 
 
 class UpstreamStream:
-    """An open upstream response: the first event already read, the rest to iterate."""
+    """An open upstream response: the first event already read, the rest to iterate.
 
-    __slots__ = ("_decoder", "_pending", "_response", "done", "first")
+    Its events are data payloads, ending with ``[DONE]``; with ``events`` (the APIs whose
+    streams are relayed as they came: Anthropic's Messages, OpenAI's Responses) they are
+    whole events (``backends/sse.py``'s ``EventDecoder``), and the end of the body ends
+    the stream too, as it does for those APIs: whether the stream said all it had to is
+    then for the reader of its events to tell."""
 
-    def __init__(self, response: Response) -> None:
+    __slots__ = ("_decoder", "_events", "_pending", "_response", "done", "first")
+
+    def __init__(self, response: Response, events: bool = False) -> None:
         self._response = response
-        self._decoder = SSEDecoder()
+        self._decoder: SSEDecoder | EventDecoder = EventDecoder() if events else SSEDecoder()
+        self._events = events
         self._pending: list[bytes] = []
         self.first = b""
         self.done = False
@@ -91,7 +98,9 @@ class UpstreamStream:
         self.first = await self._fill()
         self._pending.pop(0)
         self.done = self.first == DONE
-        if not self.done:
+        if self._events and not self.done:
+            _raise_for_event(data_of(self.first) or b"")
+        elif not self.done:
             _raise_for_event(self.first)
             if _is_prelude(self.first):
                 _raise_for_event(await self._fill())
@@ -118,6 +127,9 @@ class UpstreamStream:
                 continue
             with _mapped(started=True):
                 chunk = await self._response.chunk()
+            if not chunk and self._events and not self._decoder.pending.strip():
+                self.done = True  # the body ended, between events
+                return
             if not chunk:
                 raise StreamBroken("upstream ended the stream without [DONE]")
             self._pending = self._decoder.feed(chunk)
@@ -188,16 +200,22 @@ class Upstream:
             raise UpstreamTimeout("no answer from upstream in time") from exc
 
     async def open(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeouts: Timeouts
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: Timeouts,
+        events: bool = False,
     ) -> UpstreamStream:
-        """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise."""
+        """POST ``body`` and wait for the first event (a whole one with ``events``, see
+        ``UpstreamStream``); raise a ``BackendError`` otherwise."""
         with _mapped(started=False):
             async with asyncio.timeout(timeouts.first_byte_s):
                 response = await self._post(url, body, headers, timeouts, timeouts.idle_s)
                 try:
                     if response.status >= 400:
                         await _raise_for(response)
-                    stream = UpstreamStream(response)
+                    stream = UpstreamStream(response, events)
                     await stream.read_first()
                 except BaseException:
                     response.close()

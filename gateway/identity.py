@@ -1,6 +1,7 @@
 """Who a request comes from: its tenant, from a source the operator trusts. Part of step 1.
 
-By default the API key: the bearer token of ``Authorization`` is hashed (SHA-256) and looked
+By default the API key: the bearer token of ``Authorization``, or else ``x-api-key`` (what
+Anthropic's clients send), is hashed (SHA-256) and looked
 up among the keys the policy file gives its tenants (``tenants: {acme: {api_keys:
 [sha256:...]}}``); the key itself is never kept, logged, forwarded or compared in the clear.
 A request with no key the policy knows is the tenant ``anonymous`` (which the policy may
@@ -51,8 +52,7 @@ def caller_from(
         named = headers.get(trusted_header)
         if named is not None and _TENANT.fullmatch(named):
             return Caller(named, named)
-    authorization = headers.get("authorization", "")
-    key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    key = api_key(headers)
     if not key:
         return Caller(ANONYMOUS)
     hashed = key_hash(key)
@@ -60,6 +60,17 @@ def caller_from(
     if tenant is not None:
         return Caller(tenant, tenant)
     return Caller(ANONYMOUS, "key-" + hashed[7:19])
+
+
+def api_key(headers: Mapping[str, str]) -> str:
+    """The key a request presents: ``Authorization: Bearer <key>`` (OpenAI's clients), else
+    ``x-api-key: <key>`` (Anthropic's); empty when neither."""
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        key = authorization[7:].strip()
+        if key:
+            return key
+    return headers.get("x-api-key", "").strip()
 
 
 class Identity:
@@ -81,7 +92,7 @@ class Identity:
         if self._require and found.tenant == ANONYMOUS:
             raise ApiError(
                 status=401,
-                message="a valid API key is required (Authorization: Bearer <key>)",
+                message="a valid API key is required (Authorization: Bearer <key>, or x-api-key)",
                 code="invalid_api_key",
             )
         return found

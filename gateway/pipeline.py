@@ -1,5 +1,12 @@
 """The path of one request, steps in order. Each step is one call; see README, "Life of a
 request". Nothing on this path happens in middleware or callbacks.
+
+Every API takes the same path: chat and text completions, Anthropic's Messages and
+OpenAI's Responses are parsed, classified and decided alike and fail over alike. They part
+at steps 6 and 8: a completions stream is relayed by ``Relay`` (which may assemble it into
+a whole answer), a Messages or Responses stream event by event as it came
+(``gateway/forward/events.py``), and a non-streaming Messages or Responses request always
+goes upstream whole, its answer passing through.
 """
 
 from __future__ import annotations
@@ -22,7 +29,16 @@ from backends.pool import Attempt, Completed, Opened, PoolSpec
 from backends.retries import BreakBudget
 from gateway import schema
 from gateway.classify import classify
-from gateway.errors import JSON, ApiError, UpstreamErrorEvent, broke, from_backend, rejected
+from gateway.errors import (
+    JSON,
+    ApiError,
+    UpstreamErrorEvent,
+    broke,
+    from_backend,
+    rejected,
+    shape_of,
+)
+from gateway.forward.events import EventRelay
 from gateway.forward.headers import decision_headers
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
@@ -30,8 +46,10 @@ from gateway.forward.respond import SSEResponse, cancelled_on_disconnect
 from gateway.forward.shadow import short_probe
 from gateway.identity import remembered
 from gateway.measure.acceptance import Fold, Labels, Status
-from gateway.measure.answer import Measurement
+from gateway.measure.answer import Dialect, EventDialect, Measurement
 from gateway.measure.completions import COMPLETIONS
+from gateway.measure.messages import MESSAGES
+from gateway.measure.responses import RESPONSES
 from gateway.measure.tracing import Trace
 from gateway.measure.validity import Expectation, expect
 from gateway.services import Services
@@ -44,12 +62,27 @@ _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is 
 _SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_OPERATION = {"chat": "chat", "completion": "text_completion"}  # GenAI conventions' names
+# GenAI conventions' operation names
+_OPERATION = {
+    "chat": "chat",
+    "completion": "text_completion",
+    "messages": "chat",
+    "responses": "chat",
+}
+# the APIs relayed event by event, and how their answers read
+_EVENTS: dict[str, EventDialect] = {"messages": MESSAGES, "responses": RESPONSES}
+# request headers that go upstream with the request: Anthropic's API version and betas
+_FORWARDED = ("anthropic-version", "anthropic-beta")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ask:
-    """One request after steps 1-4: what was asked, of whom, and what the policy decided."""
+    """One request after steps 1-4: what was asked, of whom, and what the policy decided.
+
+    ``pinned`` is the one place where a request's state overrides the policy's choice of
+    pool: the base URL of the endpoint that must serve it (the one that stored the response
+    a Responses request continues), tried there and nowhere else (``Pools._plan``); None
+    for every other request. ``forwarded``: the client's headers that go upstream."""
 
     kind: schema.Kind
     parsed: schema.AnyRequest
@@ -62,13 +95,15 @@ class Ask:
     decided: float
     trace: Trace
     expect: Expectation | None
+    forwarded: Mapping[str, str]
+    pinned: str | None = None
 
 
 async def complete(
     services: Services, request: Request, kind: schema.Kind
 ) -> Response | SSEResponse:
-    """Serve one chat or completions request, under its trace: the trace of a streamed
-    answer ends with the stream."""
+    """Serve one request of a model API (``kind``), under its trace: the trace of a
+    streamed answer ends with the stream."""
     started = services.clock()
     request_id = _request_id(request.headers.get("x-request-id"))
     trace = services.telemetry.tracing.begin(request.headers, _OPERATION[kind])
@@ -125,18 +160,42 @@ async def _serve(
         started=started,
         decided=services.clock(),
         trace=trace,
-        expect=expect(payload),
+        expect=None if kind in _EVENTS else expect(payload),
+        forwarded={k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None},
     )
+    if kind in _EVENTS:
+        if parsed.stream:
+            return await _events(services, request, ask, _EVENTS[kind])
+        return await _whole(services, request, ask)
     pool = policy.pools[decision.pool]
     if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
         return await _whole(services, request, ask)
     return await _streamed(services, request, ask)
 
 
+async def _events(
+    services: Services, request: Request, ask: Ask, dialect: EventDialect
+) -> Response | SSEResponse:
+    """Steps 5-8 for a stream relayed event by event (``gateway/forward/events.py``)."""
+    send = functools.partial(services.pools.open, events=True, pinned=ask.pinned)
+    async with cancelled_on_disconnect(request.receive) as disconnect:
+        opened = await _forward(services, ask, send, ask.payload, _SSE)  # 5 forward
+    if disconnect.gone:
+        raise _client_closed()
+    if isinstance(opened, Response):
+        return opened
+    headers = _decision_headers(services, ask, opened.spec.name, opened.attempts)
+    pool = services.policy.current.pools[opened.spec.name]
+    labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
+    measurement = _measurement(services, ask, labels, opened.spec, None)
+    relay = EventRelay(opened, measurement, dialect, clock=services.clock, shape=shape_of(ask.path))
+    return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
+
+
 async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
     """Steps 5-8 through an upstream stream: relayed as it comes, or assembled."""
     streamed = ask.payload | {"stream": True, "stream_options": stream_options(ask.payload)}
-    send = services.pools.open
+    send = functools.partial(services.pools.open, pinned=ask.pinned)
     async with cancelled_on_disconnect(request.receive) as disconnect:
         opened = await _forward(services, ask, send, streamed, _SSE)  # 5 forward
         if not ask.parsed.stream and not isinstance(opened, Response):
@@ -179,8 +238,13 @@ def _measurement(
     capture: asyncio.Future[str] | None,
 ) -> Measurement:
     """Steps 6 and 7 for one answer of ``spec``'s pool, streamed or whole: checked, recorded,
-    told to the trace (which a streamed answer's measurement ends), and to the canary."""
-    reports = spec.speculative and one_answer(ask.payload)
+    told to the trace (which a streamed answer's measurement ends), and to the canary. Only
+    completions answers say whether the pool reports per-request metrics, and only
+    Responses answers are stored upstream."""
+    reports = spec.speculative and one_answer(ask.payload) and ask.kind not in _EVENTS
+    stored = None
+    if ask.kind == "responses":
+        stored = functools.partial(_stored, services.on_response_id, labels.endpoint)
     return Measurement(
         Fold(labels, ask.started, ask.decided),
         services.clock,
@@ -190,7 +254,12 @@ def _measurement(
         ends_trace=ask.parsed.stream,
         capture=capture,
         on_metrics=functools.partial(services.reports.saw, spec.name) if reports else None,
+        on_response_id=stored,
     )
+
+
+def _stored(hook: Callable[[str, str], None], endpoint: str, response_id: str) -> None:
+    hook(response_id, endpoint)
 
 
 async def _collected(
@@ -223,7 +292,7 @@ async def _collected_within(
             opened.attempts = (*broken, *opened.attempts)
             return answer, opened
         avoid = budget.avoid(services.pools.urls(ask.decision.rungs))
-        again = functools.partial(services.pools.open, avoid=avoid)
+        again = functools.partial(services.pools.open, avoid=avoid, pinned=ask.pinned)
         retried = await _forward(services, ask, again, streamed, _SSE)
         if isinstance(retried, Response):
             raise broke(len(broken))
@@ -245,11 +314,12 @@ def _count_breaks(services: Services, ask: Ask, budget: BreakBudget) -> None:
 async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
     passes through untouched; its usage and vLLM metrics are the measurement, the same as a
-    stream's."""
+    stream's. The answers of Messages and Responses requests are read in their own
+    dialect, and mirror to no shadow."""
     done: Completed | Response | None = None
     async with cancelled_on_disconnect(request.receive):
         budget = _break_budget(services, ask)
-        complete = functools.partial(services.pools.complete, budget=budget)
+        complete = functools.partial(services.pools.complete, budget=budget, pinned=ask.pinned)
         try:
             done = await _forward(services, ask, complete, ask.payload, JSON)
         finally:
@@ -259,8 +329,10 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     if isinstance(done, Response):
         return done
     labels = _labels(ask, done, chunks=False)
-    measurement = _measurement(services, ask, labels, done.spec, _mirror(services, ask, labels))
-    COMPLETIONS.whole(measurement, _json_object(done.body))
+    dialect: Dialect = _EVENTS.get(ask.kind, COMPLETIONS)
+    mirror = None if ask.kind in _EVENTS else _mirror(services, ask, labels)
+    measurement = _measurement(services, ask, labels, done.spec, mirror)
+    dialect.whole(measurement, _json_object(done.body))
     measurement.finish(Status.OK)
     headers = _decision_headers(services, ask, done.spec.name, done.attempts)
     return Response(done.body, headers=headers, media_type=JSON)
@@ -353,14 +425,20 @@ async def _forward(
     """Step 5 through ``Pools.open`` or ``Pools.complete``: failover happens inside; a 4xx
     comes back as the client's answer, exhausted rungs as a 503 or 504."""
     body = orjson.dumps(payload)
-    forward = {"content-type": JSON, "accept": accept, "x-request-id": ask.request_id}
+    forward = {
+        "content-type": JSON,
+        "accept": accept,
+        "x-request-id": ask.request_id,
+        **ask.forwarded,
+    }
     with ask.trace.step("forward"):
         ask.trace.inject(forward)
         try:
             result = await send(ask.decision.rungs, ask.path, _per_engine(body, payload), forward)
         except UpstreamRejected as exc:
             services.telemetry.rejected(exc.pool or ask.decision.pool, exc.status)
-            return rejected(exc, _decision_headers(services, ask, exc.pool or ask.decision.pool))
+            headers = _decision_headers(services, ask, exc.pool or ask.decision.pool)
+            return rejected(exc, headers, shape_of(ask.path))
         except BackendError as exc:
             services.telemetry.failover(ask.decision.pool, "exhausted", "none")
             error = from_backend(exc)

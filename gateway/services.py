@@ -28,10 +28,21 @@ from gateway.state.memory import SharedState
 from gateway.state.policyfile import PolicyHolder
 
 
+def _not_kept(response_id: str, endpoint: str) -> None:
+    """Where stored responses are remembered when nothing remembers them."""
+
+
 @dataclass(slots=True)
 class Services:
     """Everything a running gateway is made of; ``outcomes`` and ``signals`` are where its
-    feedback goes."""
+    feedback goes.
+
+    ``on_response_id(response_id, endpoint)`` is told, once per answer of the Responses API
+    (``POST /v1/responses``), the id the upstream stored the answer under and the base URL
+    of the endpoint that stored it: the one point where a store of stored responses learns
+    where each lives. It is called on the request path, so it must not block (a store that
+    writes elsewhere schedules the write). A request that must go where its state is sets
+    ``Ask.pinned`` (``gateway/pipeline.py``)."""
 
     settings: Settings
     clock: Callable[[], float]
@@ -54,6 +65,7 @@ class Services:
     checks: Checks
     load_scraper: LoadScraper | None = None
     request_log: RequestLog | None = None
+    on_response_id: Callable[[str, str], None] = _not_kept
 
     @property
     def outcomes(self) -> OutcomeLog:

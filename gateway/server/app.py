@@ -21,7 +21,7 @@ from backends.outlier import OutlierRules
 from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
-from gateway.errors import ApiError, api_error_handler, internal_error
+from gateway.errors import ApiError, api_error_handler, internal_error, shape_of
 from gateway.forward.passthrough import PerRequestReports
 from gateway.forward.shadow import ShadowLimits, ShadowRunner
 from gateway.gate import Gate
@@ -259,6 +259,8 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     routes = [
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
@@ -279,12 +281,17 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
             Exception: _unexpected,
         },
     )
-    hot = {"/v1/chat/completions": api.chat, "/v1/completions": api.completions}
+    hot = {
+        "/v1/chat/completions": api.chat,
+        "/v1/completions": api.completions,
+        "/v1/messages": api.messages,
+        "/v1/responses": api.responses,
+    }
     return FastLane(app, hot, on_api_error, services.gate)
 
 
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """Errors of the OpenAI routes are counted; the admin API's (a wrong token, an unknown
+    """Errors of the model routes are counted; the admin API's (a wrong token, an unknown
     flag) and the console's are the operator's, not the clients'."""
 
     async def handler(request: Request, exc: Exception) -> Response:
@@ -299,11 +306,10 @@ def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[R
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-    return ApiError(status=exc.status_code, message=str(exc.detail), type=kind).response(
-        dict(exc.headers or {})
-    )
+    error = ApiError(status=exc.status_code, message=str(exc.detail), type=kind)
+    return error.response(dict(exc.headers or {}), shape_of(request.scope["path"]))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
-    return internal_error()
+    return internal_error(request.scope["path"])
