@@ -1,6 +1,7 @@
 """The simulated vLLM as a Starlette app: ``create_app(config)`` and ``serve(config, host, port)``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``serving.SimServer``),
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``,
+``POST /v1/messages/count_tokens``, ``POST /v1/responses`` (``serving.SimServer``),
 ``GET /v1/models`` (each engine's ``owned_by``), ``GET /health``, ``GET /metrics`` (vLLM names,
 app-owned registry), ``GET /version`` (vLLM-shaped engines), ``GET /server_info`` (SGLang),
 ``GET /prometheus/metrics`` (TensorRT-LLM), and the simulator's own ``GET /sim/state`` /
@@ -253,6 +254,9 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
+        Route("/v1/messages", sim.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", sim.count_tokens, methods=["POST"]),
+        Route("/v1/responses", sim.responses, methods=["POST"]),
         Route("/v1/models", admin.models, methods=["GET"]),
         Route("/health", admin.health, methods=["GET"]),
         Route("/metrics", admin.metrics, methods=["GET"]),

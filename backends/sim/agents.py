@@ -1,0 +1,98 @@
+"""The APIs a simulated vLLM serves by way of its chat engine, as vLLM does: Anthropic's
+Messages (``api_messages.py``) and OpenAI's Responses (``api_responses.py``). One object
+per request says how its body becomes a chat request, and how the chat answer, streamed
+(``Converter.feed`` per chat chunk) or whole, becomes its own. Pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from backends.sim import api_messages, api_responses
+from backends.sim.responses import Answer
+from backends.sim.validation import SimHTTPError
+
+
+class Converter(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+
+
+class AgentApi(Protocol):
+    def chat_body(self, body: bytes) -> bytes:
+        """The chat request; ``SimHTTPError`` for a body the API refuses."""
+        ...
+
+    def error(self, error: SimHTTPError) -> bytes: ...
+
+    def stream(self, answer: Answer) -> Converter: ...
+
+    def whole(self, answer: Answer, chat_body: bytes) -> bytes: ...
+
+
+class MessagesApi:
+    """``POST /v1/messages``."""
+
+    def chat_body(self, body: bytes) -> bytes:
+        return orjson.dumps(api_messages.chat_request(body))
+
+    def error(self, error: SimHTTPError) -> bytes:
+        return api_messages.error_body(error)
+
+    def stream(self, answer: Answer) -> Converter:
+        return api_messages.MessagesStream(answer.prompt_tokens)
+
+    def whole(self, answer: Answer, chat_body: bytes) -> bytes:
+        return api_messages.whole(chat_body)
+
+
+class ResponsesApi:
+    """``POST /v1/responses``; the answers made are kept in ``stored``."""
+
+    def __init__(self, stored: api_responses.Stored, created: int) -> None:
+        self._stored = stored
+        self._created = created
+        self._request: dict[str, Any] = {}
+        self._messages: list[dict[str, Any]] = []
+
+    def chat_body(self, body: bytes) -> bytes:
+        chat = api_responses.chat_request(body, self._stored)
+        self._request = orjson.loads(body)
+        self._messages = chat["messages"]
+        return orjson.dumps(chat)
+
+    def error(self, error: SimHTTPError) -> bytes:
+        return error.body
+
+    def stream(self, answer: Answer) -> Converter:
+        return _Kept(self, api_responses.ResponsesStream(_id(answer), self._request, self._created))
+
+    def whole(self, answer: Answer, chat_body: bytes) -> bytes:
+        response_id = _id(answer)
+        body = api_responses.whole(chat_body, response_id, self._request, self._created)
+        message = orjson.loads(chat_body)["choices"][0].get("message") or {}
+        self.keep(response_id, {k: v for k, v in message.items() if v is not None})
+        return orjson.dumps(body)
+
+    def keep(self, response_id: str, message: dict[str, Any]) -> None:
+        if self._request.get("store", True) is not False:
+            self._stored.keep(response_id, [*self._messages, message])
+
+
+class _Kept:
+    """A Responses stream whose answer is kept once it completes."""
+
+    def __init__(self, api: ResponsesApi, stream: api_responses.ResponsesStream) -> None:
+        self._api = api
+        self._stream = stream
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = self._stream.feed(chunk)
+        if b"event: response.completed\n" in out or b"event: response.incomplete\n" in out:
+            self._api.keep(self._stream.response_id, self._stream.message)
+        return out
+
+
+def _id(answer: Answer) -> str:
+    return "resp_" + answer.request_id.removeprefix("chatcmpl-")

@@ -1,0 +1,275 @@
+"""Anthropic's Messages and OpenAI's Responses through speclane, with the official clients
+(``anthropic``, ``openai``) against the simulator: created and streamed answers, a tool use
+round trip, structured output, count_tokens, Anthropic-shaped errors, ``x-api-key``; the
+streams speclane relays are the pool's own, event by event; and they are measured as chat
+is, by the chunk signal on a speculative pool (their answers carry no per-request
+metrics)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from backends.sim.config import SimConfig
+from gateway.identity import key_hash
+from tests.gateways import sim_policy, sim_stack
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "qwen3-32b"
+ASK = [{"role": "user", "content": "Write python to add two numbers."}]
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+FUNCTION = {
+    "type": "function",
+    "name": WEATHER["name"],
+    "description": WEATHER["description"],
+    "parameters": WEATHER["input_schema"],
+}
+PERSON = {
+    "type": "json_schema",
+    "name": "person",
+    "schema": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    },
+}
+
+
+def sim() -> SimConfig:
+    return SimConfig(time_scale=0.01)
+
+
+@asynccontextmanager
+async def claude(url: str, key: str = "unused") -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0) as client:
+        yield client
+
+
+@asynccontextmanager
+async def codex(url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+async def test_messages_created_and_streamed(tmp_path):
+    async with sim_stack(tmp_path, sim_policy(), sim()) as stack, claude(stack.url) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL, max_tokens=40, messages=ASK, extra_body={"temperature": 0}
+        )
+        assert raw.headers["x-speclane-pool"] == "spec"
+        message = await raw.parse()
+        assert message.role == "assistant" and message.content[0].type == "text"
+        assert message.content[0].text and message.usage.output_tokens > 0
+        async with client.messages.stream(model=MODEL, max_tokens=40, messages=ASK) as stream:
+            text = "".join([piece async for piece in stream.text_stream])
+            final = await stream.get_final_message()
+        assert text and final.content[0].text == text
+        assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
+        assert final.stop_reason in ("end_turn", "max_tokens")
+
+
+async def test_a_tool_use_round_trip(tmp_path):
+    async with sim_stack(tmp_path, sim_policy(), sim()) as stack, claude(stack.url) as client:
+        turns: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+        asked = await client.messages.create(
+            model=MODEL,
+            max_tokens=400,
+            messages=turns,
+            tools=[WEATHER],
+            tool_choice={"type": "any"},
+        )
+        (use,) = [block for block in asked.content if block.type == "tool_use"]
+        assert asked.stop_reason == "tool_use" and use.name == "get_weather"
+        assert set(use.input) == {"city"}
+        turns += [
+            {"role": "assistant", "content": [block.model_dump() for block in asked.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+            },
+        ]
+        async with client.messages.stream(
+            model=MODEL, max_tokens=60, messages=turns, tools=[WEATHER]
+        ) as stream:
+            answer = await stream.get_final_message()
+        assert answer.content[0].type == "text" and answer.content[0].text
+
+
+async def test_count_tokens_is_served_by_the_simulator(tmp_path):
+    async with sim_stack(tmp_path, sim_policy(), sim()) as stack, claude(stack.spec) as client:
+        counted = await client.messages.count_tokens(model=MODEL, messages=ASK)
+        answer = await client.messages.create(model=MODEL, max_tokens=5, messages=ASK)
+        assert counted.input_tokens == answer.usage.input_tokens > 0
+        with pytest.raises(anthropic.NotFoundError):
+            await client.messages.count_tokens(model="nope", messages=ASK)
+
+
+async def test_the_gateways_errors_on_messages_are_anthropics_shape(tmp_path):
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        httpx.AsyncClient(timeout=30) as c,
+        claude(stack.url) as client,
+    ):
+        missing = await c.post(stack.url + "/v1/messages", json={"model": MODEL, "messages": ASK})
+        assert missing.status_code == 400
+        assert missing.json() == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "'max_tokens' is required"},
+        }
+        bad = await c.post(stack.url + "/v1/messages", content=b"{")
+        assert bad.status_code == 400 and bad.json()["type"] == "error"
+        with pytest.raises(anthropic.NotFoundError) as unknown:
+            await client.messages.create(model="nope", max_tokens=5, messages=ASK)
+        assert unknown.value.body == {
+            "type": "error",
+            "error": {"type": "not_found_error", "message": "The model `nope` does not exist."},
+        }
+        with pytest.raises(anthropic.BadRequestError) as refused:  # the pool's own refusal
+            await client.messages.create(
+                model=MODEL, max_tokens=5, messages=[{"role": "user", "content": []}]
+            )
+        assert refused.value.body["error"]["type"] == "invalid_request_error"
+        chat = await c.post(stack.url + "/v1/chat/completions", json={"model": MODEL})
+        assert chat.status_code == 400 and "type" not in chat.json()  # OpenAI's shape there
+
+
+TENANTS = f"""
+tenants:
+  acme: {{{{api_keys: ["{key_hash("sk-acme")}"]}}}}
+"""
+
+
+async def test_x_api_key_names_the_tenant_and_opens_the_admin_api(tmp_path):
+    policy = sim_policy() + TENANTS
+    async with (
+        sim_stack(tmp_path, policy, sim(), require_api_key=True, admin_token="root") as stack,
+        httpx.AsyncClient(timeout=30) as c,
+        claude(stack.url, "sk-acme") as client,
+        claude(stack.url, "sk-who") as stranger,
+    ):
+        answer = await client.messages.create(model=MODEL, max_tokens=5, messages=ASK)
+        assert answer.content
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            await stranger.messages.create(model=MODEL, max_tokens=5, messages=ASK)
+        assert refused.value.body["error"]["type"] == "authentication_error"
+        flags = await c.get(stack.url + "/admin/flags", headers={"x-api-key": "root"})
+        assert flags.status_code == 200
+        wrong = await c.get(stack.url + "/admin/flags", headers={"x-api-key": "nope"})
+        assert wrong.status_code == 403
+
+
+async def test_responses_plain_streamed_tools_and_structured(tmp_path):
+    async with sim_stack(tmp_path, sim_policy(), sim()) as stack, codex(stack.url) as client:
+        plain = await client.responses.create(
+            model=MODEL, input="Write python to add two numbers.", max_output_tokens=40
+        )
+        assert plain.output_text and plain.usage is not None and plain.usage.output_tokens > 0
+        stream = await client.responses.create(
+            model=MODEL,
+            instructions="Answer briefly.",
+            input=[{"role": "user", "content": "Write python to add two numbers."}],
+            max_output_tokens=40,
+            stream=True,
+        )
+        events = [event async for event in stream]
+        assert events[0].type == "response.created"
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert deltas and events[-1].response.output_text == deltas
+        called = await client.responses.create(
+            model=MODEL,
+            input="What is the weather in Paris?",
+            tools=[FUNCTION],  # type: ignore[list-item]
+            tool_choice="required",
+            max_output_tokens=400,
+        )
+        (call,) = [item for item in called.output if item.type == "function_call"]
+        assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+        structured = await client.responses.create(
+            model=MODEL,
+            input="Extract the name and age as JSON: Ada, 36.",
+            text={"format": PERSON},  # type: ignore[typeddict-item]
+            max_output_tokens=400,
+        )
+        assert set(json.loads(structured.output_text)) == {"name", "age"}
+
+
+def blocks(body: bytes) -> list[bytes]:
+    """A stream's events, each as its bytes, without the time it was made and the tool call
+    ids the simulator draws per request."""
+    unstamped = re.sub(rb'"created_at":\d+', b"", body)
+    unstamped = re.sub(rb"chatcmpl-tool-[0-9a-f]+", b"call", unstamped)
+    return [event for event in unstamped.split(b"\n\n") if event]
+
+
+# greedy: the simulator's answer depends on the request alone
+MESSAGES = {"model": MODEL, "max_tokens": 40, "messages": ASK, "stream": True, "temperature": 0}
+RESPONSES = {
+    "model": MODEL,
+    "input": ASK,
+    "max_output_tokens": 40,
+    "stream": True,
+    "temperature": 0,
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", MESSAGES),
+        ("/v1/messages", {**MESSAGES, "tools": [WEATHER], "tool_choice": {"type": "any"}}),
+        ("/v1/responses", RESPONSES),
+        ("/v1/responses", {**RESPONSES, "tools": [FUNCTION], "tool_choice": "required"}),
+    ],
+)
+async def test_streams_are_the_pools_own_event_by_event(tmp_path, path, body):
+    async with (
+        sim_stack(tmp_path, sim_policy(start="standard"), sim()) as stack,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        direct = stack.services.pools.endpoints["standard"][0].url
+        headers = {"x-request-id": "same-id", "anthropic-version": "2023-06-01"}
+        ours = await c.post(stack.url + path, json=body, headers=headers)
+        theirs = await c.post(direct + path, json=body, headers=headers)
+        assert ours.status_code == theirs.status_code == 200
+        assert ours.headers["content-type"].startswith("text/event-stream")
+        assert blocks(ours.content) == blocks(theirs.content)
+        whole = {**body, "stream": False}
+        ours = await c.post(stack.url + path, json=whole, headers=headers)
+        theirs = await c.post(direct + path, json=whole, headers=headers)
+        assert blocks(ours.content) == blocks(theirs.content)
+
+
+async def test_agent_streams_are_measured_by_their_chunks(tmp_path):
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        claude(stack.url) as messages,
+        codex(stack.url) as responses,
+    ):
+        async with messages.messages.stream(model=MODEL, max_tokens=40, messages=ASK) as s:
+            await s.get_final_message()
+        stream = await responses.responses.create(
+            model=MODEL, input="Write python to add two numbers.", max_output_tokens=40, stream=True
+        )
+        [event async for event in stream]
+        records = stack.services.outcomes.recent()
+    assert [r["pool"] for r in records] == ["spec", "spec"]
+    assert {r["signal"] for r in records} == {"chunks"}
+    assert all(r["completion_tokens"] == 40 and r["steps"] for r in records)
