@@ -96,3 +96,15 @@ class _Kept:
 
 def _id(answer: Answer) -> str:
     return "resp_" + answer.request_id.removeprefix("chatcmpl-")
+
+
+def chat_of(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The chat request a request of the API at ``path`` becomes on a simulated server,
+    whatever it would continue (no stored responses): what decides its workload and its
+    acceptance. A chat or completions body is itself."""
+    if path == "/v1/messages":
+        return api_messages.chat_request(orjson.dumps(body))
+    if path == "/v1/responses":
+        alone = {k: v for k, v in body.items() if k != "previous_response_id"}
+        return api_responses.chat_request(orjson.dumps(alone), api_responses.Stored())
+    return body
