@@ -19,6 +19,10 @@ import openai
 import pytest
 
 from backends.sim.config import SimConfig
+from backends.sim.workload import Workload
+from gateway.demo.agent import Conversation
+from gateway.demo.driver import send_messages
+from gateway.demo.workload import DemoRequest
 from gateway.identity import key_hash
 from tests.gateways import sim_policy, sim_stack
 
@@ -273,3 +277,23 @@ async def test_agent_streams_are_measured_by_their_chunks(tmp_path):
     assert [r["pool"] for r in records] == ["spec", "spec"]
     assert {r["signal"] for r in records} == {"chunks"}
     assert all(r["completion_tokens"] == 40 and r["steps"] for r in records)
+
+
+async def test_the_demos_coding_agent_holds_a_conversation_of_tool_calls(tmp_path):
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        talk = Conversation.start(0, seed=7)
+        turns = []
+        going = True
+        while going:
+            ask = DemoRequest(len(turns), Workload.TOOLS, talk.body(), {})
+            result, content = await send_messages(c, stack.url, ask, lambda: 0.0)
+            assert result.ok and result.pool == "spec" and result.completion_tokens > 0
+            turns.append([block["type"] for block in content])
+            going = talk.answered(content)
+    assert turns[:-1] == [["tool_use"]] * (len(turns) - 1) and len(turns) == 3
+    uses = [b for m in talk.messages if m["role"] == "assistant" for b in m["content"]]
+    assert all(set(use["input"]) <= {"path", "target"} and use["input"] for use in uses)
+    assert result.body["messages"][0]["role"] == "system"  # priced as the chat it becomes
