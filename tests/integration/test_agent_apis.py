@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from backends.errors import Unavailable
 from backends.sim.config import SimConfig
 from backends.sim.workload import Workload
 from gateway.demo.agent import Conversation
@@ -297,3 +298,40 @@ async def test_the_demos_coding_agent_holds_a_conversation_of_tool_calls(tmp_pat
     uses = [b for m in talk.messages if m["role"] == "assistant" for b in m["content"]]
     assert all(set(use["input"]) <= {"path", "target"} and use["input"] for use in uses)
     assert result.body["messages"][0]["role"] == "system"  # priced as the chat it becomes
+
+
+async def test_a_pinned_request_goes_to_its_endpoint_whatever_the_rungs(tmp_path):
+    async with sim_stack(tmp_path, sim_policy(), sim()) as stack:
+        pools = stack.services.pools
+        std = pools.endpoints["standard"][0].url
+        body = json.dumps({**RESPONSES, "input": "hello"}).encode()
+        headers = {"content-type": "application/json"}
+        opened = await pools.open(["spec", "standard"], "/v1/responses", body, headers)
+        assert opened.spec.name == "spec"
+        opened.close()
+        pinned = await pools.open(
+            ["spec", "standard"], "/v1/responses", body, headers, events=True, pinned=std
+        )
+        assert pinned.spec.name == "standard" and pinned.endpoint.url == std
+        assert pinned.stream.first.startswith(b"event: response.created\ndata: {")
+        pinned.close()
+        with pytest.raises(Unavailable):
+            await pools.open(["spec"], "/v1/responses", body, headers, pinned="http://gone:1")
+
+
+async def test_a_stored_response_is_continued_only_where_it_was_made(tmp_path):
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        codex(stack.spec) as spec,
+        codex(stack.services.pools.endpoints["standard"][0].url) as standard,
+    ):
+        first = await spec.responses.create(model=MODEL, input="Hello there.", max_output_tokens=8)
+        second = await spec.responses.create(
+            model=MODEL, input="And then?", previous_response_id=first.id, max_output_tokens=8
+        )
+        assert second.usage is not None and first.usage is not None
+        assert second.usage.input_tokens > first.usage.input_tokens  # the history came along
+        with pytest.raises(openai.NotFoundError):
+            await standard.responses.create(
+                model=MODEL, input="And then?", previous_response_id=first.id, max_output_tokens=8
+            )
