@@ -42,7 +42,7 @@ from gateway.forward.events import EventRelay
 from gateway.forward.headers import decision_headers
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
-from gateway.forward.respond import SSEResponse, cancelled_on_disconnect
+from gateway.forward.respond import SSEResponse, cancelled_on_disconnect, cut_event
 from gateway.forward.shadow import short_probe
 from gateway.identity import remembered
 from gateway.measure.acceptance import Fold, Labels, Status
@@ -188,8 +188,11 @@ async def _events(
     pool = services.policy.current.pools[opened.spec.name]
     labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
     measurement = _measurement(services, ask, labels, opened.spec, None)
-    relay = EventRelay(opened, measurement, dialect, clock=services.clock, shape=shape_of(ask.path))
-    return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
+    shape = shape_of(ask.path)
+    relay = EventRelay(opened, measurement, dialect, clock=services.clock, shape=shape)
+    return SSEResponse(
+        relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished, cut_event(shape)
+    )
 
 
 async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:

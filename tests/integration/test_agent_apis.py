@@ -335,3 +335,28 @@ async def test_a_stored_response_is_continued_only_where_it_was_made(tmp_path):
             await standard.responses.create(
                 model=MODEL, input="And then?", previous_response_id=first.id, max_output_tokens=8
             )
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/messages", MESSAGES), ("/v1/responses", RESPONSES)]
+)
+async def test_a_stream_cut_part_way_ends_with_an_error_event_in_the_apis_shape(
+    tmp_path, path, body
+):
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        faults = {"faults": {"die_rate": 1.0, "die_after_chunks": 4}}
+        assert (await c.post(stack.spec + "/sim/control", json=faults)).status_code == 200
+        answer = await c.post(stack.url + path, json=body)
+        assert answer.status_code == 200
+        last = blocks(answer.content)[-1]
+        if path == "/v1/messages":
+            assert last.startswith(
+                b'event: error\ndata: {"type":"error","error":{"type":"api_error"'
+            )
+        else:
+            assert b'"code":"upstream_stream_broken"' in last and b'"error":{' in last
+        records = stack.services.outcomes.recent()
+        assert [r["status"] for r in records] == ["error"]
