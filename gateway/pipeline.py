@@ -12,6 +12,7 @@ goes upstream whole, its answer passing through.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import re
@@ -29,6 +30,7 @@ from backends.pool import Attempt, Completed, Opened, PoolSpec
 from backends.retries import BreakBudget
 from gateway import schema
 from gateway.classify import classify
+from gateway.endpoints import APIS
 from gateway.errors import (
     JSON,
     ApiError,
@@ -38,7 +40,7 @@ from gateway.errors import (
     rejected,
     shape_of,
 )
-from gateway.forward.events import EventRelay
+from gateway.forward.events import RELAYED, EventRelay
 from gateway.forward.headers import decision_headers
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
@@ -48,8 +50,6 @@ from gateway.identity import remembered
 from gateway.measure.acceptance import Fold, Labels, Status
 from gateway.measure.answer import Dialect, EventDialect, Measurement
 from gateway.measure.completions import COMPLETIONS
-from gateway.measure.messages import MESSAGES
-from gateway.measure.responses import RESPONSES
 from gateway.measure.tracing import Trace
 from gateway.measure.validity import Expectation, expect
 from gateway.services import Services
@@ -69,8 +69,10 @@ _OPERATION = {
     "messages": "chat",
     "responses": "chat",
 }
-# the APIs relayed event by event, and how their answers read
-_EVENTS: dict[str, EventDialect] = {"messages": MESSAGES, "responses": RESPONSES}
+# the APIs relayed event by event (``gateway/forward/events.py``), and how they read
+_EVENTS: dict[str, EventDialect] = {
+    api.kind: RELAYED[api.path.value] for api in APIS if api.path.value in RELAYED
+}
 # request headers that go upstream with the request: Anthropic's API version and betas
 _FORWARDED = ("anthropic-version", "anthropic-beta")
 
@@ -187,7 +189,7 @@ async def _events(
     headers = _decision_headers(services, ask, opened.spec.name, opened.attempts)
     pool = services.policy.current.pools[opened.spec.name]
     labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
-    measurement = _measurement(services, ask, labels, opened.spec, None)
+    measurement = _measurement(services, ask, labels, opened.spec, _mirror(services, ask, labels))
     shape = shape_of(ask.path)
     relay = EventRelay(opened, measurement, dialect, clock=services.clock, shape=shape)
     return SSEResponse(
@@ -318,7 +320,7 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
     """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
     passes through untouched; its usage and vLLM metrics are the measurement, the same as a
     stream's. The answers of Messages and Responses requests are read in their own
-    dialect, and mirror to no shadow."""
+    dialect."""
     done: Completed | Response | None = None
     async with cancelled_on_disconnect(request.receive):
         budget = _break_budget(services, ask)
@@ -333,8 +335,7 @@ async def _whole(services: Services, request: Request, ask: Ask) -> Response:
         return done
     labels = _labels(ask, done, chunks=False)
     dialect: Dialect = _EVENTS.get(ask.kind, COMPLETIONS)
-    mirror = None if ask.kind in _EVENTS else _mirror(services, ask, labels)
-    measurement = _measurement(services, ask, labels, done.spec, mirror)
+    measurement = _measurement(services, ask, labels, done.spec, _mirror(services, ask, labels))
     dialect.whole(measurement, _json_object(done.body))
     measurement.finish(Status.OK)
     headers = _decision_headers(services, ask, done.spec.name, done.attempts)
@@ -480,16 +481,22 @@ def _decision_headers(
 
 
 def _mirror(services: Services, ask: Ask, labels: Labels) -> asyncio.Future[str] | None:
-    """Start the decision's shadow mirror, if any; a future for the canary when greedy."""
+    """Start the decision's shadow mirror, if any; a future for the canary when greedy (the
+    canary compares chat and completions answers)."""
     target = ask.decision.shadow_to
     if target is None:
         return None
     features, short = ask.features, ask.decision.shadow_tokens
     greedy = features.temperature == 0 and features.n == 1 and short is None
+    greedy = greedy and ask.kind not in _EVENTS
     capture = asyncio.get_running_loop().create_future() if greedy else None
     cost = features.prompt_tokens + (short or features.max_tokens or _ASSUMED_OUTPUT)
     payload = ask.payload if short is None else short_probe(ask.payload, ask.path, short)
     prompt = features.prompt_tokens
-    if services.shadow.mirror(target, ask.path, payload, labels, cost, capture, prompt):
+    # a mirror is streamed: its chunks count where its pool's do, whatever the answer was
+    pool = services.policy.current.pools.get(target)
+    chunks = pool is not None and pool.chunk_acceptance and one_answer(ask.payload)
+    mirrored = dataclasses.replace(labels, chunk_signal=chunks)
+    if services.shadow.mirror(target, ask.path, payload, mirrored, cost, capture, prompt):
         return capture
     return None

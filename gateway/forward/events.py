@@ -25,8 +25,16 @@ from backends.upstream import DONE
 from gateway.errors import Shape, from_backend
 from gateway.measure.acceptance import Status
 from gateway.measure.answer import EventDialect, Measurement
+from gateway.measure.messages import MESSAGES
+from gateway.measure.responses import RESPONSES
+from policies.features import Endpoint
 
 _DONE_EVENT = b"data: [DONE]\n\n"
+# the APIs relayed event by event, by path, and how their answers read
+RELAYED: dict[str, EventDialect] = {
+    Endpoint.MESSAGES.value: MESSAGES,
+    Endpoint.RESPONSES.value: RESPONSES,
+}
 
 
 class EventRelay:

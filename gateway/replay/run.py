@@ -54,10 +54,6 @@ from policies.decision import Decision
 from policies.guardrail import Transition
 from policies.model import PoolKind
 
-# the APIs whose requests a shadow mirror copies, and whose answers carry vLLM's
-# per-request metrics (a Messages or Responses answer is measured by its chunks)
-_MIRRORED = ("chat", "completion")
-
 
 @dataclass(slots=True)
 class Row:
@@ -259,7 +255,7 @@ class _Driver:
         sent = _Sent(replica, features.prompt_tokens)
         self._submit(now, index, ask, decision, sent, shadow=False)
         target = decision.shadow_to
-        if target is not None and kind in _MIRRORED:  # as the gateway mirrors
+        if target is not None:
             mirrored = _short(ask, decision.shadow_tokens)
             cost = features.prompt_tokens + mirrored.max_tokens
             if replica.mirror(self.cluster.endpoints()[target], cost, now):
@@ -302,6 +298,8 @@ class _Driver:
             chunk_signal=spec.chunk_acceptance,
             engine=spec.engine.value,
         )
+        # only completions answers carry vLLM's per-request metrics (a Messages or Responses
+        # answer is measured by its chunks)
         reports = ask.path in ("/v1/chat/completions", "/v1/completions")
         self.pending[index] = _Pending(
             row, ask.traffic, labels, self.area, sent.replica, sent.prompt_tokens, reports

@@ -7,6 +7,7 @@ metrics)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -360,3 +361,37 @@ async def test_a_stream_cut_part_way_ends_with_an_error_event_in_the_apis_shape(
             assert b'"code":"upstream_stream_broken"' in last and b'"error":{' in last
         records = stack.services.outcomes.recent()
         assert [r["status"] for r in records] == ["error"]
+
+
+SHADOWED = """
+version: 1
+pools:
+  spec: {{kind: speculative, model: qwen3-32b, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
+  standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"]}}
+ladder: [spec, standard]
+rules:
+  - {{name: mirrored, start: shadow, shadow_fraction: 1.0}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/messages", MESSAGES), ("/v1/responses", RESPONSES)]
+)
+async def test_agent_requests_are_mirrored_to_speculation_and_measured_there(tmp_path, path, body):
+    async with (
+        sim_stack(tmp_path, SHADOWED, sim()) as stack,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        for whole in (False, True):
+            answer = await c.post(stack.url + path, json={**body, "stream": not whole})
+            assert answer.status_code == 200 and answer.headers["x-speclane-pool"] == "standard"
+        for _ in range(200):
+            if not stack.services.shadow.in_flight:
+                break
+            await asyncio.sleep(0.02)
+        records = stack.services.outcomes.recent()
+    mirrors = [r for r in records if r["shadow"]]
+    assert [r["pool"] for r in mirrors] == ["spec", "spec"]
+    assert all(r["status"] == "ok" and r["signal"] == "chunks" for r in mirrors), [
+        (r["status"], r["signal"], r.get("error")) for r in mirrors
+    ]

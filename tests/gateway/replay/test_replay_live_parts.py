@@ -75,8 +75,10 @@ def test_a_collapse_moves_one_tool_arriving_by_three_apis_as_one_slice():
     doors = ("tools-chat", "tools-messages", "tools-responses")
     (key,) = {row.slice for row in done.rows if row.traffic in doors}
     (fall, back) = moves(done.events, key)
-    assert fall[1:] == (0, 1) and 300 <= fall[0] < 600
-    assert back[1:] == (1, 0) and back[0] >= 600
+    # within seconds, as the same tool by chat alone does (tool-collapse): the mirrors of
+    # every door teach the standard pool's step time alike
+    assert fall[1:] == (0, 1) and 300 <= fall[0] <= 330
+    assert back[1:] == (1, 0) and 600 <= back[0] <= 660
     for door in doors:
         after_fall = [r for r in done.rows if r.traffic == door and fall[0] < r.arrival < 600]
         healed = [r for r in done.rows if r.traffic == door and r.arrival > back[0] + 30]
