@@ -395,3 +395,18 @@ async def test_agent_requests_are_mirrored_to_speculation_and_measured_there(tmp
     assert all(r["status"] == "ok" and r["signal"] == "chunks" for r in mirrors), [
         (r["status"], r["signal"], r.get("error")) for r in mirrors
     ]
+
+
+async def test_each_stored_response_is_told_with_the_endpoint_that_stored_it(tmp_path):
+    async with sim_stack(tmp_path, sim_policy(), sim()) as stack, codex(stack.url) as client:
+        told: list[tuple[str, str]] = []
+        stack.services.on_response_id = lambda rid, url: told.append((rid, url))
+        whole = await client.responses.create(model=MODEL, input="Hello.", max_output_tokens=8)
+        stream = await client.responses.create(
+            model=MODEL, input="Hello.", max_output_tokens=8, stream=True
+        )
+        events = [event async for event in stream]
+        async with claude(stack.url) as messages:  # Messages answers are not stored
+            await messages.messages.create(model=MODEL, max_tokens=5, messages=ASK)
+    streamed = events[0].response.id
+    assert told == [(whole.id, stack.spec), (streamed, stack.spec)]
