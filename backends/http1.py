@@ -2,11 +2,12 @@
 request, answers parsed by httptools (llhttp, what uvicorn parses requests with) as they
 arrive. ``backends/upstream.py`` is its only user and maps its errors.
 
-Why not aiohttp: on the gateway's machine a request through aiohttp's ``ClientSession``
-cost ~130 us of CPU, a raw protocol ~10 us, and the gateway's whole budget is 500 us
-(bench/RESULTS.md, "Upstream HTTP client"). An upstream is an OpenAI-compatible server, so
-this client does what that needs and no more: no redirects, cookies, proxies, compression
-(it asks for none), HTTP/2 or ``Expect``. TLS works (``https://`` endpoints).
+Why not aiohttp: on the gateway's machine a request through this client takes a third to a
+fifth of the CPU one through aiohttp's ``ClientSession`` takes, and the gateway's whole
+budget is 500 us (bench/RESULTS.md, "Upstream HTTP client", has the figures). An upstream
+is an OpenAI-compatible server, so this client does what that needs and no more: no
+redirects, cookies, proxies, compression (it asks for none), HTTP/2 or ``Expect``. TLS
+works (``https://`` endpoints).
 
     ConnectError    the connection could not be made (an ``OSError``: refused, no route)
     Disconnected    the connection closed before the answer ended
@@ -94,6 +95,7 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.status = 0
+        self.content_type = b""
         self.head_done = False
         self.complete = False
         self.keep_alive = False
@@ -136,6 +138,8 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
+        if lowered == b"content-type":
+            self.content_type = value
         if lowered == b"content-length" or (
             lowered == b"transfer-encoding" and b"chunked" in value.lower()
         ):
@@ -226,7 +230,7 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer whose status line and headers are in; its body is read with ``chunk``."""
 
-    __slots__ = ("_client", "_conn", "_idle_s", "_origin", "status")
+    __slots__ = ("_client", "_conn", "_idle_s", "_origin", "content_type", "status")
 
     def __init__(self, client: Client, origin: Origin, conn: _Connection, idle_s: float) -> None:
         self._client = client
@@ -234,6 +238,7 @@ class Response:
         self._conn = conn
         self._idle_s = idle_s
         self.status = conn.status
+        self.content_type = conn.content_type.decode("latin-1")
 
     async def chunk(self) -> bytes:
         """Body bytes as they arrive; ``b""`` at the end. An idle wait longer than the

@@ -10,7 +10,10 @@ record (``backends/outlier.py``): failures before the first event at once, a str
 it is closed. A whole answer has nothing to show before it is done, so one awaited from an
 endpoint that gets ejected meanwhile (its streams timed out, its metrics page stopped
 answering) is given up at once and tried elsewhere, instead of waiting out ``total_s`` on a
-hung server. Knows nothing of policies or the gateway: pools are names here.
+hung server. ``Pools.exchange`` sends a request of any method down the rungs the same way
+and passes its answer on as it came (the engine's other routes); ``pinned=`` sends a
+request to the one endpoint that holds what it refers to (a stored response). Knows nothing
+of policies or the gateway: pools are names here.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from backends.errors import (
 )
 from backends.outlier import Detector, Health, HealthState, OutlierRules
 from backends.retries import BreakBudget
-from backends.upstream import Timeouts, Upstream, UpstreamStream
+from backends.upstream import Reply, Timeouts, Upstream, UpstreamStream
 
 T = TypeVar("T")
 
@@ -109,6 +112,16 @@ class Completed:
     spec: PoolSpec
     endpoint: Endpoint
     body: bytes
+    attempts: tuple[Attempt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exchanged:
+    """An answer passed on as it came (``Pools.exchange``), and where it came from."""
+
+    spec: PoolSpec
+    endpoint: Endpoint
+    reply: Reply
     attempts: tuple[Attempt, ...]
 
 
@@ -214,6 +227,12 @@ class Pools:
         self._sweep(pool, now)
         return any(not e.health.ejected(now) for e in self.endpoints.get(pool, ()))
 
+    def endpoint(self, url: str) -> Endpoint | None:
+        """The endpoint at ``url`` in any pool, in service or not; None when no pool has it
+        (the policy or discovery dropped it)."""
+        url = url.rstrip("/")
+        return next((e for group in self.endpoints.values() for e in group if e.url == url), None)
+
     def urls(self, rungs: Sequence[str]) -> list[str]:
         """Every endpoint of the ladder, in service or not."""
         return [e.url for name in dict.fromkeys(rungs) for e in self.endpoints.get(name, ())]
@@ -311,6 +330,28 @@ class Pools:
         endpoint.outstanding -= 1
         self.succeeded(endpoint)
         return Completed(spec, endpoint, answer, attempts)
+
+    async def exchange(
+        self,
+        rungs: Sequence[str],
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        pinned: str | None = None,
+    ) -> Exchanged:
+        """The first answer, down ``rungs``, passed on as it came: a request to one of the
+        engine's other routes. ``pinned`` as for ``open``."""
+
+        async def attempt(endpoint: Endpoint, spec: PoolSpec) -> Reply:
+            url = endpoint.url + path
+            return await self._upstream.exchange(method, url, body, headers, spec.timeouts)
+
+        spec, endpoint, reply, attempts = await self._first(rungs, attempt, (), pinned=pinned)
+        endpoint.outstanding -= 1
+        self.succeeded(endpoint)
+        return Exchanged(spec, endpoint, reply, attempts)
 
     def _plan(
         self, rungs: Sequence[str], avoid: Collection[str], pinned: str | None = None

@@ -1,9 +1,10 @@
 """Step 5 of a request, on the wire: one POST to one OpenAI-compatible endpoint, streamed
-(or, for pools that allow it, one whole non-streamed answer).
+(or, for pools that allow it, one whole non-streamed answer), or one request of any method
+whose answer passes through as it came (``exchange``: the engine's other routes).
 
 Uses one ``backends/http1.py`` client (keep-alive connections per endpoint, a limit on
-connections): it costs a tenth of the CPU per request that aiohttp did, and aiohttp a third
-of what httpx did (bench/RESULTS.md, "Upstream HTTP client"). Every client and socket
+connections): it costs a third to a fifth of the CPU per request that aiohttp did
+(bench/RESULTS.md, "Upstream HTTP client", has the figures). Every client and socket
 exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
 
 A stream's first events are the upstream's answer as much as its status line is. vLLM checks
@@ -44,6 +45,15 @@ class Timeouts:
     first_byte_s: float = 60.0
     idle_s: float = 60.0
     total_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An upstream's whole answer to ``exchange``, as it came."""
+
+    status: int
+    content_type: str
+    body: bytes
 
 
 @contextmanager
@@ -199,6 +209,41 @@ class Upstream:
                 raise StreamBroken("the answer did not end within the total timeout") from exc
             raise UpstreamTimeout("no answer from upstream in time") from exc
 
+    async def exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeouts: Timeouts,
+    ) -> Reply:
+        """One request whose answer is passed on as it came, a 4xx included (the request's
+        own fault); a 5xx, 408 or 429 raises ``Unavailable``, so another endpoint may serve,
+        and ``total_s`` bounds the whole exchange."""
+        assert self._client is not None, "Upstream.start() was not awaited"
+        response: Response | None = None
+        try:
+            async with asyncio.timeout(timeouts.total_s):
+                with _mapped(started=False):
+                    response = await self._client.request(
+                        method.encode("ascii"),
+                        url,
+                        headers,
+                        body,
+                        connect_s=timeouts.connect_s,
+                        idle_s=timeouts.total_s,
+                    )
+                    if response.status >= 500 or response.status in (408, 429):
+                        await _read_whole(response)  # raises Unavailable
+                with _mapped(started=True):
+                    answer = await _read_any(response)
+        except TimeoutError as exc:
+            if response is not None:
+                raise StreamBroken("the answer did not end within the total timeout") from exc
+            raise UpstreamTimeout("no answer from upstream in time") from exc
+        assert response is not None
+        return Reply(response.status, response.content_type, answer)
+
     async def open(
         self,
         url: str,
@@ -233,6 +278,17 @@ async def _read_whole(response: Response) -> bytes:
     except BackendError:
         response.release()
         raise
+    except BaseException:
+        response.close()
+        raise
+    response.release()
+    return body
+
+
+async def _read_any(response: Response) -> bytes:
+    """The whole body, whatever the status."""
+    try:
+        body = await response.read()
     except BaseException:
         response.close()
         raise

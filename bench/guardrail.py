@@ -40,9 +40,13 @@ from gateway.demo.driver import Result, Target, guardrail_events, send
 from gateway.demo.policy import SPEC_POOL, STANDARD_POOL, Tuning, demo_policy
 from gateway.demo.stack import Stack, StackOptions
 from gateway.demo.workload import MODEL, build
+from policies.model import Guardrail
 
+_DEFAULT = Guardrail()
 SETTINGS = {
-    "default": Tuning(0.55, 0.62, 30, 120.0, 30.0, 0.05),  # policies/model.py Guardrail()
+    "default": Tuning(
+        _DEFAULT.window_s, _DEFAULT.cooldown_s, _DEFAULT.max_cooldown_s, _DEFAULT.probe_fraction
+    ),
     "demo": Tuning(),  # gateway/demo/policy.py, as for a 60 s demo
 }
 COLLAPSED = 0.05

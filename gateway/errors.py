@@ -37,8 +37,8 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
      ├── 409 policy_read_only                the file cannot be written here
      ├── 413 body_too_large                  a draft over its limit
      ├── 422 policy_invalid                  the draft does not lint
-     │ routing (gateway/server/app.py)
-     ├── 404 not_found, 405                  no such route; a method the route lacks
+     │ routing (gateway/server/app.py), in vLLM's (FastAPI's) shape: {"detail": ...}
+     ├── 404 Not Found, 405                  no such route; a method the route lacks
      └── 500 (no code)                       a bug: logged with its traceback, answered
                                              ``internal_error()``, no detail
 
@@ -48,7 +48,11 @@ Before a request exists (``gateway/server/connections.py``, the same shape, then
 
 Passed through as they came: a 4xx from upstream with an error object, or an error event
 with a 4xx code that opened its stream (``backends.errors.UpstreamRejected``), with its
-status, whether the client streams or not (``rejected``).
+status, whether the client streams or not (``rejected``); every answer of the engine's other
+routes, whatever its status (``gateway/server/relayed.py``). A Responses API call naming an
+id the gateway cannot place gets vLLM's own 404 (``response_not_found``), and
+``/v1/messages/count_tokens`` gets the gateway's errors in Anthropic's shape
+(``{"type": "error", "error": {"type": ..., "message": ...}}``).
 
     UpstreamErrorEvent   an upstream stream carried an error object after its first event
                          (raised by the relay; a 4xx code there is still the client's
@@ -194,6 +198,24 @@ def rejected(
     message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
     error = ApiError(status=exc.status, message=message, code="upstream_rejected")
     return error.response(headers, shape)
+
+
+def response_not_found(response_id: str) -> Response:
+    """vLLM's answer for a Responses API id it does not hold: what a call naming a response
+    gets when the gateway does not know where it is stored, or that endpoint is gone."""
+    error = {
+        "message": f"Response with id '{response_id}' not found.",
+        "type": "invalid_request_error",
+        "param": "response_id",
+        "code": 404,
+    }
+    return Response(orjson.dumps({"error": error}), 404, media_type=JSON)
+
+
+def route_not_found(status: int = 404) -> Response:
+    """vLLM's (FastAPI's) answer for a path it does not serve, or a method the path lacks."""
+    detail = "Not Found" if status == 404 else "Method Not Allowed"
+    return Response(orjson.dumps({"detail": detail}), status, media_type=JSON)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

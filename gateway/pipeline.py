@@ -38,6 +38,7 @@ from gateway.errors import (
     broke,
     from_backend,
     rejected,
+    response_not_found,
     shape_of,
 )
 from gateway.forward.events import RELAYED, EventRelay
@@ -53,6 +54,7 @@ from gateway.measure.completions import COMPLETIONS
 from gateway.measure.tracing import Trace
 from gateway.measure.validity import Expectation, expect
 from gateway.services import Services
+from gateway.state.pins import pinned_endpoint
 from policies.decide import decide
 from policies.decision import Decision
 from policies.features import Features
@@ -83,8 +85,10 @@ class Ask:
 
     ``pinned`` is the one place where a request's state overrides the policy's choice of
     pool: the base URL of the endpoint that must serve it (the one that stored the response
-    a Responses request continues), tried there and nowhere else (``Pools._plan``); None
-    for every other request. ``forwarded``: the client's headers that go upstream."""
+    a Responses request continues, ``previous_response_id``, as ``gateway/state/pins.py``
+    remembers it), tried there and nowhere else (``Pools._plan``); None for every other
+    request. The decision's reason then says so (``pinned: response ... on ...``).
+    ``forwarded``: the client's headers that go upstream."""
 
     kind: schema.Kind
     parsed: schema.AnyRequest
@@ -151,12 +155,21 @@ async def _serve(
             param="model",
             code="model_not_found",
         )
+    pinned: str | None = None
+    if kind == "responses" and payload.get("previous_response_id") is not None:
+        found = await _pinned(services, payload)
+        if isinstance(found, Response):
+            found.headers["x-request-id"] = request_id
+            return found
+        pinned, holder, why = found
+        decision = dataclasses.replace(decision, pool=holder, rungs=(holder,), reason=why)
     ask = Ask(
         kind=kind,
         parsed=parsed,
         payload=payload,
         features=features,
         decision=decision,
+        pinned=pinned,
         path=path,
         request_id=request_id,
         started=started,
@@ -173,6 +186,18 @@ async def _serve(
     if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
         return await _whole(services, request, ask)
     return await _streamed(services, request, ask)
+
+
+async def _pinned(services: Services, payload: dict[str, Any]) -> tuple[str, str, str] | Response:
+    """Where a Responses request that continues a stored response must go (the endpoint that
+    stored it, whatever its slice's rung), its pool, and why; vLLM's own 404 when the
+    gateway does not know where that response is, or its endpoint has left the pools."""
+    previous = payload["previous_response_id"]
+    where = await pinned_endpoint(services.pins, payload)
+    endpoint = services.pools.endpoint(where) if where is not None else None
+    if endpoint is None:
+        return response_not_found(str(previous))
+    return endpoint.url, endpoint.pool, f"pinned: response {previous} on {endpoint.url}"
 
 
 async def _events(
@@ -248,8 +273,8 @@ def _measurement(
     Responses answers are stored upstream."""
     reports = spec.speculative and one_answer(ask.payload) and ask.kind not in _EVENTS
     stored = None
-    if ask.kind == "responses":
-        stored = functools.partial(_stored, services.on_response_id, labels.endpoint)
+    if ask.kind == "responses":  # the endpoint that stored the answer, for what continues it
+        stored = functools.partial(_stored, services.pins.keep, labels.endpoint)
     return Measurement(
         Fold(labels, ask.started, ask.decided),
         services.clock,
@@ -365,6 +390,7 @@ def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
         chunk_signal=chunks,
         arm=ask.decision.arm,
         request_id=ask.request_id,
+        route=ask.path,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.pool import Pools
 from backends.upstream import Upstream
@@ -25,11 +25,8 @@ from gateway.measure.telemetry import Telemetry
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore
 from gateway.state.memory import SharedState
+from gateway.state.pins import MemoryPins, ResponsePins
 from gateway.state.policyfile import PolicyHolder
-
-
-def _not_kept(response_id: str, endpoint: str) -> None:
-    """Where stored responses are remembered when nothing remembers them."""
 
 
 @dataclass(slots=True)
@@ -37,12 +34,10 @@ class Services:
     """Everything a running gateway is made of; ``outcomes`` and ``signals`` are where its
     feedback goes.
 
-    ``on_response_id(response_id, endpoint)`` is told, once per answer of the Responses API
-    (``POST /v1/responses``), the id the upstream stored the answer under and the base URL
-    of the endpoint that stored it: the one point where a store of stored responses learns
-    where each lives. It is called on the request path, so it must not block (a store that
-    writes elsewhere schedules the write). A request that must go where its state is sets
-    ``Ask.pinned`` (``gateway/pipeline.py``)."""
+    ``pins`` learns, once per answer of the Responses API (``POST /v1/responses``), the id
+    the upstream stored it under and the base URL of the endpoint that stored it
+    (``ResponsePins.keep``, from the answer's measurement); a request that continues a
+    stored response goes where ``pins`` says (``Ask.pinned``, ``gateway/pipeline.py``)."""
 
     settings: Settings
     clock: Callable[[], float]
@@ -65,7 +60,7 @@ class Services:
     checks: Checks
     load_scraper: LoadScraper | None = None
     request_log: RequestLog | None = None
-    on_response_id: Callable[[str, str], None] = _not_kept
+    pins: ResponsePins = field(default_factory=MemoryPins)
 
     @property
     def outcomes(self) -> OutcomeLog:

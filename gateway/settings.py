@@ -219,6 +219,13 @@ class Settings(BaseSettings):
         gt=0,
         description="how often a replica pulls flags and states from Redis, beside pub/sub",
     )
+    response_pin_ttl_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="how long the gateway remembers which endpoint stored a Responses API "
+        "response, so that calls naming it (previous_response_id, GET, DELETE, cancel) go "
+        "there; in Redis when SPECLANE_REDIS_URL is set",
+    )
     discovery_interval_s: float = Field(
         10.0,
         gt=0,

@@ -40,6 +40,7 @@ def check(policy: PolicyFile) -> list[Problem]:
     """Every cross-file problem of a policy that passed schema validation."""
     return [
         *_ladder_problems(policy),
+        *_passthrough_problems(policy),
         *_rule_problems(policy),
         *_model_problems(policy),
         *_shadowed(policy.rules),
@@ -92,6 +93,36 @@ def _one_ladder(policy: PolicyFile, base: Path, model: str, rungs: list[str]) ->
             "falling back needs somewhere without speculation to land",
             code="ladder",
         )
+
+
+def passthrough_pools(policy: PolicyFile) -> dict[str, str]:
+    """Model -> the pool ``passthrough_pool`` names for it (models it leaves out take their
+    ladder's last rung)."""
+    named = policy.passthrough_pool
+    if isinstance(named, str):
+        pool = policy.pools.get(named)
+        return {} if pool is None else {pool.model: named}
+    return dict(named or {})
+
+
+def _passthrough_problems(policy: PolicyFile) -> Iterator[Problem]:
+    named = policy.passthrough_pool
+    if named is None:
+        return
+    ladders = ladders_of(policy)
+    pairs = [("", named)] if isinstance(named, str) else list(named.items())
+    for model, name in pairs:
+        at: Path = ("passthrough_pool",) if not model else ("passthrough_pool", model)
+        pool = policy.pools.get(name)
+        if pool is None:
+            hint = _choices(policy.pools)
+            yield Problem(at, f"no pool named {name!r}", hint, code="unknown-pool")
+        elif model and pool.model != model:
+            yield _wrong_model(policy, at, name, pool.model, model)
+        elif (model or pool.model) not in ladders:
+            message = f"no ladder serves {model or pool.model!r}"
+            hint = "a model's other routes go where its ladder is"
+            yield Problem(at, message, hint, code="model")
 
 
 def _wrong_model(policy: PolicyFile, at: Path, name: str, serves: str, model: str) -> Problem:

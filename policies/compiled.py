@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from policies.checks import ladders_of
+from policies.checks import ladders_of, passthrough_pools
 from policies.features import Features
 from policies.lint import lint
 from policies.match import Matcher
@@ -36,6 +36,14 @@ class Ladder:
     model: str
     pools: tuple[str, ...]
     k: tuple[int | None, ...]
+    passthrough: str = ""
+
+    @property
+    def other_routes(self) -> tuple[str, ...]:
+        """Where the engine's other routes go: the passthrough pool (the last rung unless
+        the policy names one), then the rest of the ladder from the bottom up."""
+        first = self.passthrough or self.pools[-1]
+        return (first, *(p for p in reversed(self.pools) if p != first))
 
     def index(self, start: str) -> int:
         if start in (STANDARD, SHADOW):
@@ -110,6 +118,7 @@ class CompiledPolicy:
 
 def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> CompiledPolicy:
     """Compile a policy that passed ``check`` without errors."""
+    passthrough = passthrough_pools(policy)
     ladders = {
         model: Ladder(
             model,
@@ -120,6 +129,7 @@ def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> Co
                 else None
                 for p in rungs
             ),
+            passthrough.get(model, ""),
         )
         for model, rungs in ladders_of(policy).items()
     }

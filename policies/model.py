@@ -333,6 +333,13 @@ class PolicyFile(_Strict):
     pools: Annotated[dict[str, Pool], Field(min_length=1)]
     ladder: list[str] | None = None
     ladders: dict[str, list[str]] | None = None
+    passthrough_pool: str | dict[str, str] | None = Field(
+        None,
+        description="the pool that takes a model's requests to the engine's other routes "
+        "(tokenize, embeddings, count_tokens, score, rerank, audio, /v1/models/{id}), failing "
+        "over to the rest of its ladder from the bottom up: one pool name, for the model it "
+        "serves, or model -> pool (default: the ladder's last rung)",
+    )
     slices: Bands = Bands()
     guardrail: Guardrail = Guardrail()
     flags: dict[str, FlagDefault] = {}

@@ -12,6 +12,7 @@ import orjson
 
 from backends.sim import api_messages, api_responses
 from backends.sim.responses import Answer
+from backends.sim.stored import Stored
 from backends.sim.validation import SimHTTPError
 
 
@@ -48,10 +49,13 @@ class MessagesApi:
 
 
 class ResponsesApi:
-    """``POST /v1/responses``; the answers made are kept in ``stored``."""
+    """``POST /v1/responses``; the answers made are kept: their conversations in
+    ``histories`` (what ``previous_response_id`` continues), their bodies in ``bodies``
+    (what ``GET /v1/responses/{id}`` reads)."""
 
-    def __init__(self, stored: api_responses.Stored, created: int) -> None:
-        self._stored = stored
+    def __init__(self, histories: api_responses.Histories, bodies: Stored, created: int) -> None:
+        self._stored = histories
+        self._bodies = bodies
         self._created = created
         self._request: dict[str, Any] = {}
         self._messages: list[dict[str, Any]] = []
@@ -72,12 +76,13 @@ class ResponsesApi:
         response_id = _id(answer)
         body = api_responses.whole(chat_body, response_id, self._request, self._created)
         message = orjson.loads(chat_body)["choices"][0].get("message") or {}
-        self.keep(response_id, {k: v for k, v in message.items() if v is not None})
+        self.keep(response_id, {k: v for k, v in message.items() if v is not None}, body)
         return orjson.dumps(body)
 
-    def keep(self, response_id: str, message: dict[str, Any]) -> None:
+    def keep(self, response_id: str, message: dict[str, Any], body: dict[str, Any]) -> None:
         if self._request.get("store", True) is not False:
             self._stored.keep(response_id, [*self._messages, message])
+            self._bodies.store(response_id, body)
 
 
 class _Kept:
@@ -86,11 +91,14 @@ class _Kept:
     def __init__(self, api: ResponsesApi, stream: api_responses.ResponsesStream) -> None:
         self._api = api
         self._stream = stream
+        self._kept = False
 
     def feed(self, chunk: bytes) -> bytes:
         out = self._stream.feed(chunk)
-        if b"event: response.completed\n" in out or b"event: response.incomplete\n" in out:
-            self._api.keep(self._stream.response_id, self._stream.message)
+        final = self._stream.final
+        if final is not None and not self._kept:
+            self._kept = True
+            self._api.keep(self._stream.response_id, self._stream.message, final)
         return out
 
 
@@ -106,5 +114,5 @@ def chat_of(path: str, body: dict[str, Any]) -> dict[str, Any]:
         return api_messages.chat_request(orjson.dumps(body))
     if path == "/v1/responses":
         alone = {k: v for k, v in body.items() if k != "previous_response_id"}
-        return api_responses.chat_request(orjson.dumps(alone), api_responses.Stored())
+        return api_responses.chat_request(orjson.dumps(alone), api_responses.Histories())
     return body

@@ -12,9 +12,10 @@ whole response and its usage, each as ``event: <type>`` and ``data: <json>`` wit
 ``sequence_number``, and no ``[DONE]``. The answers carry no per-request speculative
 metrics, as vLLM's do not.
 
-Like vLLM, the server keeps the responses it made (``Stored``), so a request naming
-``previous_response_id`` continues that conversation, and one naming an id this server
-does not hold is answered 404. Pure: no I/O, no clock.
+Like vLLM, the server keeps the responses it made, so a request naming
+``previous_response_id`` continues that conversation (``Histories``), and one naming an id
+this server does not hold is answered 404 (the bodies themselves, for
+``GET /v1/responses/{id}``, are ``backends/sim/stored.py``'s). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _invalid(message: str, param: str | None = None) -> SimHTTPError:
     return SimHTTPError(400, message, "invalid_request_error", param)
 
 
-class Stored:
+class Histories:
     """The conversations behind the responses one server made: id -> chat messages."""
 
     def __init__(self) -> None:
@@ -54,7 +55,7 @@ class Stored:
         return list(found)
 
 
-def chat_request(body: bytes, stored: Stored) -> Json:
+def chat_request(body: bytes, stored: Histories) -> Json:
     """The chat request a Responses request becomes; ``SimHTTPError`` 400 for a body vLLM
     refuses, 404 for a ``previous_response_id`` it does not hold."""
     try:
@@ -257,6 +258,7 @@ class ResponsesStream:
         self._items: list[Json] = []
         self._finish: str | None = None
         self.message: Json = {"role": "assistant", "content": ""}
+        self.final: Json | None = None  # the whole response, once completed
 
     def _event(self, body: Json) -> bytes:
         kind = str(body["type"])
@@ -390,5 +392,6 @@ class ResponsesStream:
         used = _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
         status = _status(self._finish)
         done = response(self._id, self._request, self._created, self._items, used, status)
+        self.final = done
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self._event({"type": kind, "response": done})

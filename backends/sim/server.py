@@ -13,6 +13,10 @@ app-owned registry), ``GET /version`` (vLLM-shaped engines), ``GET /server_info`
 ``"acceptance": null`` clears every override. The answer is the new state; its
 ``traceparents`` are the W3C trace contexts of the last 64 requests that carried one.
 
+Beside generation: ``other_routes.py`` (tokenize, detokenize, embeddings,
+``GET /v1/models/{id}``, vLLM's 404 for other paths) and ``stored.py`` (stored Responses API
+responses: ``GET``/``DELETE /v1/responses/{id}``, cancel; ``app.state.stored``).
+
 Must not: keep module-level state or use the global Prometheus registry; wiring only.
 """
 
@@ -30,6 +34,7 @@ import orjson
 import uvicorn
 from prometheus_client.core import Metric
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -44,6 +49,7 @@ from backends.sim.engine_pages import (
     trtllm_families,
 )
 from backends.sim.metrics import CONTENT_TYPE, build_registry, exposition, registry_of
+from backends.sim.other_routes import OtherRoutes, not_found
 from backends.sim.serving import SimServer
 from backends.sim.validation import SimHTTPError, bad_request
 from backends.sim.workload import Workload
@@ -77,22 +83,23 @@ class _Admin:
         self._trtllm = registry_of(self._trtllm_counters)
 
     async def models(self, request: Request) -> Response:
+        data = [self.card(name) for name in self._sim.config.served_model_names]
+        return _json({"object": "list", "data": data})
+
+    def card(self, name: str) -> dict[str, Any]:
+        """The model card of ``name`` (``GET /v1/models`` lists them)."""
         created = int(self._wall())
         config = self._sim.config
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": _OWNERS[config.engine],
-                "root": f"{config.served_model_names[0]}/target",
-                "parent": None,
-                "max_model_len": config.max_model_len,
-                "permission": [_permission(name, created)],
-            }
-            for name in config.served_model_names
-        ]
-        return _json({"object": "list", "data": data})
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": _OWNERS[config.engine],
+            "root": f"{config.served_model_names[0]}/target",
+            "parent": None,
+            "max_model_len": config.max_model_len,
+            "permission": [_permission(name, created)],
+        }
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
@@ -245,6 +252,7 @@ def create_app(
     """A simulated vLLM server; the clocks and sleep are seams for tests."""
     sim = SimServer(config, clock=clock, sleep=sleep, wall_clock=wall_clock)
     admin = _Admin(sim, wall_clock)
+    stored = sim.stored  # what POST /v1/responses keeps
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -262,6 +270,8 @@ def create_app(
         Route("/metrics", admin.metrics, methods=["GET"]),
         Route("/sim/state", admin.state, methods=["GET"]),
         Route("/sim/control", admin.control, methods=["POST"]),
+        *OtherRoutes(config, admin.card, wall_clock).routes(),
+        *stored.routes(),
     ]
     if config.engine is SimEngine.TRTLLM and config.prometheus:
         routes.append(Route("/prometheus/metrics", admin.prometheus, methods=["GET"]))
@@ -269,7 +279,9 @@ def create_app(
         routes.append(Route("/server_info", admin.server_info, methods=["GET"]))
     if config.engine.vllm_shaped:
         routes.append(Route("/version", admin.version, methods=["GET"]))
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app.state.stored = stored  # what POST /v1/responses keeps, by id
+    return app
 
 
 async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 8101) -> None:

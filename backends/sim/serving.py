@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from backends.sim import api_messages, dialects
 from backends.sim.agents import AgentApi, Converter, MessagesApi, ResponsesApi
-from backends.sim.api_responses import Stored
+from backends.sim.api_responses import Histories
 from backends.sim.asgi import SSE_MEDIA_TYPE, DeferredJSON, EventStream
 from backends.sim.config import Faults, SimConfig
 from backends.sim.engine import (
@@ -49,6 +49,7 @@ from backends.sim.logprobs import prompt_ids
 from backends.sim.model import base_acceptance, build_profile, draw
 from backends.sim.pacing import Chunker, Span, timings
 from backends.sim.responses import DONE, Answer, ChunkWriter, Timings, whole_body
+from backends.sim.stored import Stored
 from backends.sim.text import TextBank
 from backends.sim.validation import Ask, SimHTTPError, parse
 from backends.sim.workload import (
@@ -109,7 +110,8 @@ class SimServer:
         self.overrides: dict[Workload, float] = {}
         self.faults: Faults = config.faults
         self.outcomes = Outcomes()
-        self.stored = Stored()  # the Responses answers this server made
+        self.histories = Histories()  # the conversations of the Responses answers made
+        self.stored = Stored()  # and their bodies (GET /v1/responses/{id})
         # vLLM with --otlp-traces-endpoint parents its llm_request span on this header
         self.traceparents: deque[str] = deque(maxlen=64)
         self._fault_rng = random.Random(f"{config.seed}:faults")
@@ -184,7 +186,9 @@ class SimServer:
         return await self._generate(request, chat=True, api=MessagesApi())
 
     async def responses(self, request: Request) -> Response:
-        return await self._generate(request, chat=True, api=ResponsesApi(self.stored, self._now()))
+        return await self._generate(
+            request, chat=True, api=ResponsesApi(self.histories, self.stored, self._now())
+        )
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the prompt's tokens, as the chat request the

@@ -78,6 +78,7 @@ class Labels:
     engine: str = "vllm"
     arm: str = ""
     request_id: str = ""  # the client's request (a shadow mirror's is the one it mirrors)
+    route: str = "/v1/chat/completions"  # the path it came in on
 
 
 @dataclass(frozen=True, slots=True)

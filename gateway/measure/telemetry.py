@@ -120,8 +120,9 @@ class _Counters:
 # The metrics, by where they live: (name, help) or (name, help, labels or buckets, ...).
 _REQUESTS = (
     "speclane_requests",
-    "requests finished, by outcome",
-    ["model", "rule", "pool", "status", "signal", "shadow"],
+    "requests finished, by outcome; endpoint is the route they came in on (the rule of the "
+    "engine's other routes is passthrough, of calls to a stored response pinned)",
+    ["model", "rule", "pool", "status", "signal", "shadow", "endpoint"],
 )
 _BY_SLICE = ["rule", "slice", "pool"]
 _SLICES = {  # _Slices: per (rule, slice, pool)
@@ -325,7 +326,9 @@ class Telemetry:
         labels = outcome.labels
         self._in_flight.add((labels.pool, labels.shadow), -1.0)
         status, signal = outcome.status.value, outcome.signal.value
-        self._requests.add((labels.model, labels.rule, labels.pool, status, signal, labels.shadow))
+        self._requests.add(
+            (labels.model, labels.rule, labels.pool, status, signal, labels.shadow, labels.route)
+        )
         self._count_tokens(outcome)
         if labels.shadow:
             return
@@ -400,6 +403,10 @@ class Telemetry:
                 self.push()
         finally:
             self.push()
+
+    def relayed(self, model: str, rule: str, pool: str, status: str, route: str) -> None:
+        """One request to one of the engine's other routes, or to a stored response."""
+        self._requests.add((model, rule, pool, status, "none", False, route))
 
     def failover(self, pool: str, result: str, served_by: str = "") -> None:
         """One request that left ``pool``, the pool its decision named."""

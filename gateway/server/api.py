@@ -13,6 +13,7 @@ from starlette.responses import Response
 from gateway import pipeline
 from gateway.errors import JSON
 from gateway.forward.respond import SSEResponse
+from gateway.server import relayed
 from gateway.server.health import pool_health
 from gateway.services import Services
 
@@ -77,3 +78,14 @@ class Api:
             },
         }
         return _json(detail)
+
+    # the engine's other routes, and calls to a stored response: gateway/server/relayed.py
+
+    async def other_route(self, request: Request) -> Response:
+        return await relayed.other_route(self.services, request)
+
+    async def model_card(self, request: Request) -> Response:
+        return await relayed.model_card(self.services, request)
+
+    async def stored_response(self, request: Request) -> Response:
+        return await relayed.stored_response(self.services, request)

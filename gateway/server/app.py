@@ -21,7 +21,13 @@ from backends.outlier import OutlierRules
 from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
-from gateway.errors import ApiError, api_error_handler, internal_error, shape_of
+from gateway.errors import (
+    ApiError,
+    api_error_handler,
+    internal_error,
+    route_not_found,
+    shape_of,
+)
 from gateway.forward.passthrough import PerRequestReports
 from gateway.forward.shadow import ShadowLimits, ShadowRunner
 from gateway.gate import Gate
@@ -43,10 +49,12 @@ from gateway.server.admin import Admin
 from gateway.server.api import Api
 from gateway.server.console.routes import console_off_routes, console_routes
 from gateway.server.fastlane import FastLane
+from gateway.server.relayed import OTHER_ROUTES
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.state.flagstore import FlagStore
 from gateway.state.memory import MemoryState, SharedState
+from gateway.state.pins import MemoryPins, RedisPins, ResponsePins
 from gateway.state.policyfile import PolicyHolder
 from gateway.state.redis_store import RedisState
 from policies.compiled import CompiledPolicy
@@ -121,6 +129,7 @@ def build_services(
         checks=checks,
         load_scraper=LoadScraper(pools, upstream, load, clock),
         request_log=_request_log(settings),
+        pins=_pins(settings, clock),
     )
     telemetry.watch(stats.views, current, wall)
     holder.subscribe(lambda new: policy_changed(services, new))
@@ -240,6 +249,19 @@ def _state(
     )
 
 
+def _pins(settings: Settings, clock: Callable[[], float]) -> ResponsePins:
+    ttl_s = settings.response_pin_ttl_s
+    if settings.redis_url is None:
+        return MemoryPins(ttl_s, clock=clock)
+    return RedisPins(
+        settings.redis_url,
+        settings.namespace,
+        settings.real_s(ttl_s),
+        password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+        local=MemoryPins(ttl_s, clock=clock),
+    )
+
+
 def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     """The gateway as an ASGI app; pass ``services`` to plug in prebuilt collaborators."""
     services = services or build_services(settings)
@@ -262,6 +284,10 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.model_card, methods=["GET"]),
+        *(Route(path, api.other_route, methods=["POST"]) for path in OTHER_ROUTES),
+        Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", api.stored_response, methods=["POST"]),
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -304,9 +330,11 @@ def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[R
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
+    """A path the gateway does not serve, or a method its route lacks: vLLM's own answer."""
     assert isinstance(exc, HTTPException)
-    kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-    error = ApiError(status=exc.status_code, message=str(exc.detail), type=kind)
+    if exc.status_code in (404, 405):
+        return route_not_found(exc.status_code)
+    error = ApiError(status=exc.status_code, message=str(exc.detail))
     return error.response(dict(exc.headers or {}), shape_of(request.scope["path"]))
 
 

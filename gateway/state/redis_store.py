@@ -38,7 +38,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.measure.engine_scrape import tallied
@@ -49,6 +48,7 @@ from gateway.measure.windows import Counts
 from gateway.state.flagstore import AuditEntry, FlagStore
 from gateway.state.memory import transition_json
 from gateway.state.redis_audit import SharedAudit, flag_from_json, flag_to_json
+from gateway.state.redisclient import connect
 from policies.compiled import CompiledPolicy
 from policies.flags import FlagValue
 from policies.guardrail import Phase, SliceState, Transition
@@ -138,14 +138,7 @@ class RedisState:
         guard_ttl_s: float = 86_400.0,
         password: str | None = None,
     ) -> None:
-        # A password in the URL wins over ``password`` (redis-py's rule for from_url).
-        self._redis = aioredis.from_url(
-            url,
-            password=password,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-            decode_responses=False,
-        )
+        self._redis = connect(url, password)
         self._ns = namespace
         self._flags = flags
         self._replica = replica

@@ -397,16 +397,52 @@ async def test_agent_requests_are_mirrored_to_speculation_and_measured_there(tmp
     ]
 
 
-async def test_each_stored_response_is_told_with_the_endpoint_that_stored_it(tmp_path):
+async def test_each_stored_response_is_pinned_to_the_endpoint_that_stored_it(tmp_path):
     async with sim_stack(tmp_path, sim_policy(), sim()) as stack, codex(stack.url) as client:
-        told: list[tuple[str, str]] = []
-        stack.services.on_response_id = lambda rid, url: told.append((rid, url))
         whole = await client.responses.create(model=MODEL, input="Hello.", max_output_tokens=8)
         stream = await client.responses.create(
             model=MODEL, input="Hello.", max_output_tokens=8, stream=True
         )
         events = [event async for event in stream]
-        async with claude(stack.url) as messages:  # Messages answers are not stored
-            await messages.messages.create(model=MODEL, max_tokens=5, messages=ASK)
-    streamed = events[0].response.id
-    assert told == [(whole.id, stack.spec), (streamed, stack.spec)]
+        pins = stack.services.pins
+        assert await pins.where(whole.id) == stack.spec
+        assert await pins.where(events[0].response.id) == stack.spec
+
+
+STEERED = """
+version: 1
+pools:
+  spec: {{kind: speculative, model: qwen3-32b, num_speculative_tokens: 4, endpoints: ["{spec}"]}}
+  standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"]}}
+ladder: [spec, standard]
+rules:
+  - {{name: later, match: {{headers: {{x-turn: later}}}}, start: standard}}
+  - {{name: default, start: spec}}
+"""
+
+
+async def test_a_continued_response_goes_where_it_is_stored_whatever_the_rule_says(tmp_path):
+    async with (
+        sim_stack(tmp_path, STEERED, sim()) as stack,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        first = await c.post(stack.url + "/v1/responses", json={**RESPONSES, "stream": False})
+        assert first.headers["x-speclane-pool"] == "spec"
+        later = {"x-turn": "later"}
+        turn = {"model": MODEL, "input": "And then?", "max_output_tokens": 8}
+        alone = await c.post(stack.url + "/v1/responses", json=turn, headers=later)
+        assert alone.headers["x-speclane-pool"] == "standard"  # the rule, when nothing is pinned
+        continued = {**turn, "previous_response_id": first.json()["id"]}
+        for stream in (False, True):
+            second = await c.post(
+                stack.url + "/v1/responses", json={**continued, "stream": stream}, headers=later
+            )
+            assert second.status_code == 200, second.text
+            assert second.headers["x-speclane-pool"] == "spec"
+            assert second.headers["x-speclane-reason"].startswith("pinned: response resp_")
+        unknown = {**turn, "previous_response_id": "resp_nobody"}
+        gone = await c.post(stack.url + "/v1/responses", json=unknown)
+        assert gone.status_code == 404 and "x-request-id" in gone.headers
+        assert gone.json()["error"]["message"] == "Response with id 'resp_nobody' not found."
+        read = await c.get(stack.url + "/v1/responses/" + first.json()["id"])
+        assert read.status_code == 200 and read.json()["id"] == first.json()["id"]

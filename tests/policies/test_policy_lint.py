@@ -476,3 +476,44 @@ def test_one_value_of_the_wrong_type_anywhere_is_reported_there_alone(example) -
         found = lint(yaml.safe_dump(broken), "p.yaml").problems
         assert found, path
         assert all(p.path[: len(path)] == path for p in found), (path, found)
+
+
+PASSTHROUGH_CASES = {
+    "an unknown pool": (
+        "passthrough_pool: std",
+        [
+            "p.yaml:6:19: error: passthrough_pool: no pool named 'std' (hint: known pools: spec, "
+            "standard)"
+        ],
+    ),
+    "a pool of another model": (
+        "passthrough_pool: {n: spec}",
+        ["p.yaml:6:23: error: passthrough_pool.n: pool 'spec' serves 'm', not 'n'"],
+    ),
+    "a pool of a model no ladder serves": (
+        "passthrough_pool: other",
+        [
+            "p.yaml:7:19: error: passthrough_pool: no ladder serves 'n' (hint: a model's other "
+            "routes go where its ladder is)"
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"), PASSTHROUGH_CASES.values(), ids=PASSTHROUGH_CASES.keys()
+)
+def test_passthrough_pool_problems(setting: str, expected: list[str]) -> None:
+    text = rules("").replace("ladder: [spec, standard]\n", f"ladder: [spec, standard]\n{setting}\n")
+    other = "  other: {kind: standard, model: n, endpoints: ['http://o:8000']}\n"
+    text = text.replace("ladder:", other + "ladder:", 1) if "other" in setting else text
+    assert lines(text) == expected
+
+
+def test_the_passthrough_pool_leads_the_other_routes_then_the_ladder_from_the_bottom() -> None:
+    text = rules("").replace("ladder: [spec, standard]\n", "ladder: [spec, standard]\n")
+    assert load_policy(text).ladders["m"].other_routes == ("standard", "spec")
+    named = text.replace(
+        "ladder: [spec, standard]\n", "ladder: [spec, standard]\npassthrough_pool: {m: spec}\n"
+    )
+    assert load_policy(named).ladders["m"].other_routes == ("spec", "standard")

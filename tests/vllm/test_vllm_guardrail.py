@@ -124,9 +124,10 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
     """One API key, no ``user``: after the cooldown a fraction of the slice's requests probe
     the speculative pool, so when acceptance returns (greedy requests after sampled ones, in
     one slice: no temperature bands) the slice comes back within a bounded number of
-    requests, whoever the client is."""
+    requests, whoever the client is. The thresholds lie between the tiny draft's measured
+    acceptances: about 0.02 on sampled poems, about 0.2 on greedy code."""
     guardrail = (
-        "mode: threshold, min_acceptance: 0.5, recover_above: 0.6, min_samples: 4, "
+        "mode: threshold, min_acceptance: 0.1, recover_above: 0.15, min_samples: 4, "
         "cooldown_s: 2, probe_fraction: 0.25"
     )
     text = policy(stack, "draft", guardrail) + "slices: {temperature: []}\n"
@@ -138,5 +139,6 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
         pools = served_pools(gateway, stack.model, greedy, temperature=0.0)
         events = gateway.admin("/admin/guardrail")["events"]  # type: ignore[index]
     phases = [e["to"]["phase"] for e in events]
-    assert phases[0] == "fallen_back" and phases[-1] == "on", phases
+    reasons = [e["reason"] for e in events]
+    assert phases[0] == "fallen_back" and phases[-1] == "on", (reasons, pools)
     assert pools[-1] == "draft" and "draft" in pools[:60], pools

@@ -114,6 +114,8 @@ def server_env(base: Mapping[str, str], core: int) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": str(core),
+        # vLLM keeps stored Responses (previous_response_id, GET /v1/responses/{id}) only so
+        "VLLM_ENABLE_RESPONSES_API_STORE": "1",
     }
 
 

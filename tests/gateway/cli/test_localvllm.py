@@ -58,6 +58,7 @@ def test_server_flags() -> None:
     env = servers.server_env({"PATH": "/bin"}, 1)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_NO_USAGE_STATS"] == "1" and env["PATH"] == "/bin"
+    assert env["VLLM_ENABLE_RESPONSES_API_STORE"] == "1"
 
 
 def test_the_model_cache_key_follows_the_parameters(tmp_path: Path) -> None:

@@ -90,7 +90,8 @@ def test_one_outcome_reaches_every_sink_at_one_wall_time_with_its_load():
     assert feedback.signals.of("spec") == {"last": "per_request", "counts": {"per_request": 1}}
     telemetry.push()
     exposed = generate_latest(telemetry.exposition).decode()
-    assert 'speclane_requests_total{model="m",pool="spec",rule="default"' in exposed
+    counted = 'speclane_requests_total{endpoint="/v1/chat/completions",model="m",pool="spec"'
+    assert counted + ',rule="default"' in exposed
     assert 'speclane_accepted_draft_tokens_total{pool="spec",rule="default"' in exposed
 
 
