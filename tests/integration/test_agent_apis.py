@@ -118,13 +118,19 @@ async def test_a_tool_use_round_trip(tmp_path):
         assert answer.content[0].type == "text" and answer.content[0].text
 
 
-async def test_count_tokens_is_served_by_the_simulator(tmp_path):
-    async with sim_stack(tmp_path, sim_policy(), sim()) as stack, claude(stack.spec) as client:
+async def test_count_tokens_directly_and_through_the_gateway(tmp_path):
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        claude(stack.spec) as client,
+        claude(stack.url) as through,
+    ):
         counted = await client.messages.count_tokens(model=MODEL, messages=ASK)
         answer = await client.messages.create(model=MODEL, max_tokens=5, messages=ASK)
         assert counted.input_tokens == answer.usage.input_tokens > 0
         with pytest.raises(anthropic.NotFoundError):
             await client.messages.count_tokens(model="nope", messages=ASK)
+        relayed = await through.messages.count_tokens(model=MODEL, messages=ASK)
+        assert relayed.input_tokens == counted.input_tokens
 
 
 async def test_the_gateways_errors_on_messages_are_anthropics_shape(tmp_path):
