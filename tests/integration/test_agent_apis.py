@@ -20,13 +20,14 @@ import openai
 import pytest
 
 from backends.errors import Unavailable
-from backends.sim.config import SimConfig
+from backends.sim.config import Mode, SimConfig
+from backends.sim.server import create_app as sim_app
 from backends.sim.workload import Workload
 from gateway.demo.agent import Conversation
 from gateway.demo.driver import send_messages
 from gateway.demo.workload import DemoRequest
 from gateway.identity import key_hash
-from tests.gateways import sim_policy, sim_stack
+from tests.gateways import fake_stack, sim_policy, sim_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -452,3 +453,29 @@ async def test_a_continued_response_goes_where_it_is_stored_whatever_the_rule_sa
         assert gone.json()["error"]["message"] == "Response with id 'resp_nobody' not found."
         read = await c.get(stack.url + "/v1/responses/" + first.json()["id"])
         assert read.status_code == 200 and read.json()["id"] == first.json()["id"]
+
+
+async def test_anthropics_version_headers_go_upstream_and_the_key_does_not(tmp_path):
+    seen: list[dict[str, str]] = []
+    inner = sim_app(SimConfig(time_scale=0.01))
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/messages":
+            seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await inner(scope, receive, send)
+
+    standard = sim_app(SimConfig(mode=Mode.STANDARD, time_scale=0.01))
+    async with (
+        fake_stack(tmp_path, recording, standard, sim_policy()) as (url, _),
+        claude(url, "sk-secret") as client,
+    ):
+        await client.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            messages=ASK,
+            extra_headers={"anthropic-version": "2023-06-01", "anthropic-beta": "tools-2024-04-04"},
+        )
+    (headers,) = seen
+    assert headers["anthropic-version"] == "2023-06-01"
+    assert headers["anthropic-beta"] == "tools-2024-04-04"
+    assert "x-api-key" not in headers and "authorization" not in headers
