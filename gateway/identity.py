@@ -5,13 +5,16 @@ Anthropic's clients send), is hashed (SHA-256) and looked
 up among the keys the policy file gives its tenants (``tenants: {acme: {api_keys:
 [sha256:...]}}``); the key itself is never kept, logged, forwarded or compared in the clear.
 A request with no key the policy knows is the tenant ``anonymous`` (which the policy may
-give a concurrency cap, deny a flag, or match in a rule); with
-``SPECLANE_REQUIRE_API_KEY=true`` it is refused with 401 instead. A header names the
+give a concurrency cap, allow in a flag, or match in a rule): it is denied by every flag that
+lists tenants unless that flag allows ``anonymous`` by name, and it is outside every partial
+rollout (``policies/flags.py``), so that dropping a key never gets a client more than its
+key does; with ``SPECLANE_REQUIRE_API_KEY=true`` it is refused with 401 instead. A header names the
 tenant only when the operator sets ``SPECLANE_TRUSTED_TENANT_HEADER``, declaring that an
 authenticating proxy in front sets it and drops whatever clients sent.
 
-Nothing in the body picks a tenant. The body's ``user`` only keeps one user in one rollout
-arm, and is scoped by tenant: the same ``user`` in two tenants is two users.
+Nothing in the body picks a tenant or a rollout arm: rollouts hash the tenant. The body's
+``user`` only keeps one user in one experiment arm, and is scoped by tenant: the same
+``user`` in two tenants is two users.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ _SCOPE_KEY = "speclane.caller"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """A request's tenant, and what keeps one client in one rollout arm when it names no
-    user: the tenant when it is known, a pseudonym of its key when not."""
+    """A request's tenant, and what rollouts hash for it: the tenant when it is known, nothing
+    for ``anonymous`` (which is outside every partial rollout)."""
 
     tenant: str
     sticky: str = ""
@@ -59,7 +62,7 @@ def caller_from(
     tenant = keys.get(hashed)
     if tenant is not None:
         return Caller(tenant, tenant)
-    return Caller(ANONYMOUS, "key-" + hashed[7:19])
+    return Caller(ANONYMOUS)
 
 
 def api_key(headers: Mapping[str, str]) -> str:

@@ -41,6 +41,11 @@ class Settings(BaseSettings):
         return seconds * self.time_scale
 
     @property
+    def connections_per_peer(self) -> int:
+        """``max_connections_per_peer``, or its default: half of ``max_connections``."""
+        return self.max_connections_per_peer or max(1, self.max_connections // 2)
+
+    @property
     def several_workers(self) -> bool:
         return isinstance(self.workers, int) and self.workers > 1
 
@@ -77,6 +82,14 @@ class Settings(BaseSettings):
         ge=1,
         description="open client connections per process; one more is answered 503 with "
         "Retry-After and closed",
+    )
+    max_connections_per_peer: int | None = Field(
+        None,
+        ge=1,
+        description="open client connections per process from one client address; one more "
+        "is answered 503 with Retry-After and closed (default: half of "
+        "SPECLANE_MAX_CONNECTIONS); behind a proxy every client has the proxy's address, so "
+        "set it to SPECLANE_MAX_CONNECTIONS there",
     )
     keepalive_timeout_s: float = Field(
         5.0,

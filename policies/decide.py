@@ -3,9 +3,10 @@
 The same ``decide`` serves live traffic, ``speclane policy explain`` and the replay
 simulator. It reads one snapshot of flags and guardrail states and never waits for anything.
 Probes and shadow mirrors sample *requests* (a hash of the request id), never clients, so
-one client with one API key probes like ten thousand; rollouts and experiment arms stay
-stable per user (an experiment's arm hashes the tenant with the routing key, so one user id
-in two tenants is two users).
+one client with one API key probes like ten thousand. Rollouts are stable per tenant and
+never follow the body (``anonymous`` is outside every partial one); experiment arms are
+stable per user (an arm hashes the tenant with the body's ``user``, so one user id in two
+tenants is two users, or with the tenant, or the request id when neither says who).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import replace
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.decision import Decision
 from policies.features import Features
-from policies.flags import ALWAYS_ON, FlagValue, bucket
+from policies.flags import ALWAYS_ON, FlagValue, bucket, in_rollout
 from policies.guardrail import ON_START, Phase, SliceState
 from policies.model import KILL_SWITCH, SHADOW, ProbeMode
 
@@ -57,7 +58,7 @@ def _arm(features: Features, rule: CompiledRule) -> str | None:
     experiment = rule.rule.experiment
     if experiment is None:
         return None
-    key = f"{features.tenant}\x00{features.routing_key}"
+    key = f"{features.tenant}\x00{features.user or features.routing_key or features.request_id}"
     first = bucket(f"{rule.name}\x00arm", key) < experiment.split / 100
     return experiment.arms[0] if first else experiment.arms[1]
 
@@ -100,7 +101,7 @@ def _gate(features: Features, rule: CompiledRule, flags: Mapping[str, FlagValue]
     if flag is not None and not flags.get(flag, ALWAYS_ON).admits(flag, features):
         return f"rule {rule.name}: flag {flag} is off for this request"
     rollout = rule.rule.rollout
-    if rollout is not None and bucket(rule.name, features.routing_key) >= rollout / 100:
+    if not in_rollout(rule.name, features, rollout):
         return f"rule {rule.name}: outside its {rollout:g}% rollout"
     return None
 

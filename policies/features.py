@@ -46,11 +46,12 @@ class Features:
     in on (``API_NAMES``), whatever the header says: a rule's ``endpoint`` matches either.
     ``temperature`` and ``top_p`` already hold the backend's defaults when the request left
     them out. ``tenant`` comes from a source the operator trusts (``gateway/identity.py``),
-    never from the body. ``routing_key`` is what percentage
-    rollouts hash: the tenant and the user id when the request names a user (a user id is
-    scoped by its tenant), else the tenant when it is known, else a pseudonym of the API key,
-    else the request id, so a user stays in one arm. ``thinking``: the request asks for
-    reasoning before its answer (Anthropic's ``thinking``, OpenAI's ``reasoning``).
+    never from the body. ``routing_key`` is what percentage rollouts hash: who the request
+    comes from by that source (the tenant), and empty for ``anonymous``, which is outside
+    every partial rollout; nothing in the body changes it. ``user`` is the body's ``user``
+    (Anthropic's ``metadata.user_id``), which only keeps one user in one experiment arm.
+    ``thinking``: the request asks for reasoning before its answer (Anthropic's
+    ``thinking``, OpenAI's ``reasoning``).
     """
 
     endpoint: str
@@ -68,6 +69,7 @@ class Features:
     n: int = 1
     tenant: str = ""
     routing_key: str = ""
+    user: str = ""
     request_id: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
     thinking: bool = False

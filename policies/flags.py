@@ -1,8 +1,12 @@
 """Feature flags as frozen values, and how one is evaluated for one request. Pure.
 
 A flag is on or off, optionally limited to a percentage of traffic (stable per routing key:
-the same user always lands in the same arm) and to tenants (deny wins over allow). The
+the same tenant always lands in the same arm) and to tenants (deny wins over allow). The
 ``speculation`` flag is the global kill switch.
+
+``anonymous`` (a request with no key the policy knows) inherits nothing: a flag that lists
+tenants admits it only when its allow list names it, and a partial rollout never does, so a
+client that drops its key never gets more than with it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.features import Features
-from policies.model import FlagDefault
+from policies.model import ANONYMOUS, FlagDefault
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +33,9 @@ class FlagValue:
             return False
         if self.allow is not None and features.tenant not in self.allow:
             return False
-        return self.rollout is None or bucket(name, features.routing_key) < self.rollout / 100
+        if features.tenant == ANONYMOUS and self.deny and self.allow is None:
+            return False  # a deny list is not escaped by sending no key
+        return in_rollout(name, features, self.rollout)
 
     @classmethod
     def from_default(cls, default: FlagDefault) -> FlagValue:
@@ -43,6 +49,14 @@ class FlagValue:
 
 
 ALWAYS_ON = FlagValue()
+
+
+def in_rollout(salt: str, features: Features, percent: float | None) -> bool:
+    """Whether ``features`` is inside a rollout of ``percent`` (None: everything); stable per
+    routing key, and a request with none (``anonymous``) is inside only a rollout of 100."""
+    if percent is None or percent >= 100:
+        return True
+    return bool(features.routing_key) and bucket(salt, features.routing_key) < percent / 100
 
 
 def bucket(salt: str, key: str) -> float:

@@ -105,7 +105,7 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
     },
     m.FlagDefault: {
         "enabled": "on or off until ops change it",
-        "rollout": "percentage of traffic (stable per user, tenant or request)",
+        "rollout": "percentage of tenants (stable per tenant; 'anonymous' only at 100)",
         "tenants": "tenant targeting: {allow: [...], deny: [...]}",
         "description": "what the flag is for",
     },
@@ -116,7 +116,8 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "shadow_fraction": "start: shadow: share of requests mirrored to speculation",
         "shadow_to": "start: shadow: pool that gets the mirrors (default: first speculative)",
         "flag": "speculation only while this flag admits the request",
-        "rollout": "speculation only for this percentage of routing keys",
+        "rollout": "speculation only for this percentage of tenants (stable per tenant; "
+        "'anonymous' only at 100)",
         "guardrail": "changes to the policy's guardrail for this rule",
         "description": "what the rule is for",
         "experiment": "an A/B split of this rule's traffic between two rungs, stable per user "

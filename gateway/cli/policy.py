@@ -29,6 +29,7 @@ from policies.explain import Explanation, explain, feature_rows
 from policies.features import Features, ResponseFormat
 from policies.flags import FlagValue, merged
 from policies.lint import lint
+from policies.model import ANONYMOUS
 from policies.problems import PolicyError, did_you_mean
 from policies.schema import json_schema_text
 
@@ -167,7 +168,8 @@ def features_from(
         if len(models) != 1:
             raise UsageError(f"give model=... (the policy serves {models})")
         values["model"] = models[0]
-    values.setdefault("routing_key", values.get("tenant") or "explain")
+    tenant = values.get("tenant") or "explain"
+    values.setdefault("routing_key", "" if tenant == ANONYMOUS else tenant)
     return Features(**values)
 
 

@@ -38,7 +38,7 @@ from gateway.errors import JSON, ApiError
 from gateway.lifecycle import reload_policy
 from gateway.services import Services
 from gateway.state.flagstore import POLICY, AuditEntry
-from gateway.state.policyfile import version_of
+from gateway.state.policyfile import read_policy_file, version_of
 from gateway.state.policywrite import PolicyReadOnly, replace_text, unwritable
 from policies.compiled import CompiledPolicy, load_policy
 from policies.explain import explain
@@ -104,7 +104,7 @@ class PolicyDrafts:
                     "ok": attempt.result.changed,
                     "errors": list(attempt.result.errors),
                 },
-                "file": _shown(_on_disk(holder.path, holder.version)),
+                "file": _shown(await _on_disk(holder.path, holder.version)),
                 "apply": {
                     "enabled": self.services.settings.policy_apply,
                     "blocked": self._blocked(),
@@ -136,7 +136,7 @@ class PolicyDrafts:
         body = await _parsed(request, ApplyBody)
         holder = self.services.policy
         report = await asyncio.to_thread(lint, body.text, "draft")
-        disk = _on_disk(holder.path, holder.version)
+        disk = await _on_disk(holder.path, holder.version)
         before = disk["text"] if disk["text"] is not None else holder.text or ""
         answer: dict[str, Any] = {
             "dry_run": body.dry_run,
@@ -269,11 +269,12 @@ def problem_json(problem: Problem) -> dict[str, Any]:
     }
 
 
-def _on_disk(path: Path | None, running: str | None) -> dict[str, Any]:
+async def _on_disk(path: Path | None, running: str | None) -> dict[str, Any]:
+    """The file as it is now, read off the event loop, as a reload reads it."""
     if path is None:
         return {"version": None, "same": False, "text": None, "error": "no file"}
     try:
-        text = path.read_text()
+        text = (await asyncio.to_thread(read_policy_file, path)).decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         return {"version": None, "same": False, "text": None, "error": str(exc)}
     version = version_of(text)

@@ -5,14 +5,21 @@ it buffers a header of any size, and an idle or trickling connection is kept for
 
 - the head (request line and headers) is at most ``max_header_bytes``: the bytes are counted
   before the parser sees them, so a larger head costs no more memory than the limit; the
-  answer is a 431, and the connection is closed;
+  answer is a 431, and the connection is closed. A chunked body's extensions and trailer
+  count against the same limit as the head (a trailer is read and dropped, never a header),
+  and a head that arrives in the same read as the end of the request before it counts from
+  its first byte: ``framing.py`` says where each request ends before the parser is given its
+  bytes, and a message the parser would read on past that is a 400;
 - the head must arrive within ``header_timeout_s`` of the connection opening or of the head's
   first byte, the body within ``body_timeout_s`` of the head: a client sending a byte every
   few seconds gets a 408 and its connection is closed (the app sees a disconnect);
-- at most ``max_connections`` connections are open: one more is answered 503 with
+- at most ``max_connections`` connections are open, and at most ``max_connections_per_peer``
+  from one client address (an IPv6 one by its /64): one more is answered 503 with
   ``Retry-After`` at once and closed, so that file descriptors run out neither for the
-  connections being served nor for the upstream ones;
-- a parser error is a 400 in OpenAI's shape, as every other error.
+  connections being served nor for the upstream ones, and one client cannot take them all;
+- a parser error is a 400 in OpenAI's shape, as every other error;
+- a refusal of a pipelined request is written after the answers to the requests before it
+  on the connection, never in their place.
 
 Idle keep-alive connections are closed by uvicorn (``timeout_keep_alive``). Every refusal is
 OpenAI-shaped JSON with ``Connection: close``. This module knows nothing of routes or requests.
@@ -23,12 +30,20 @@ Explained for operators, with its numbers, in docs/operations.md ("Hostile conne
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+
+from gateway.server.framing import Body, HeadEnd, body_of
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -46,6 +61,7 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    max_connections_per_peer: int
     retry_after_s: int = 1
 
     @classmethod
@@ -55,6 +71,7 @@ class ConnectionLimits:
             settings.header_timeout_s,
             settings.body_timeout_s,
             settings.max_connections,
+            settings.connections_per_peer,
         )
 
 
@@ -63,6 +80,7 @@ def server_options(settings: Settings) -> dict[str, Any]:
     return {
         "http": protocol(ConnectionLimits.of(settings)),
         "timeout_keep_alive": settings.keepalive_timeout_s,
+        "ws": "none",  # no WebSocket routes: an upgrade request is answered as HTTP/1.1
     }
 
 
@@ -73,6 +91,7 @@ def protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         pass
 
     Bounded.limits = limits
+    Bounded.peers = Counter()
     return Bounded
 
 
@@ -80,56 +99,96 @@ class BoundedProtocol(HttpToolsProtocol):
     """``HttpToolsProtocol`` with the bounds of ``limits`` (set by ``protocol()``)."""
 
     limits: ClassVar[ConnectionLimits]
+    peers: ClassVar[Counter[str]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_left = self.limits.max_header_bytes
-        self._heads = 0
+        self._head_end = HeadEnd()
+        self._body: Body | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._discarding = False
+        self._peer: str | None = None
+        self._before: RequestResponseCycle | None = None  # the cycle before the newest one
+        self._owed: tuple[RequestResponseCycle, _Refusal] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             message = "too many connections to the gateway; retry shortly"
-            self._refuse(503, message, "server_error", "too_many_connections")
+            self._refuse(_Refusal(503, message, "server_error", "too_many_connections"))
             return
+        if self.client is None:  # a Unix socket: no address to share by
+            self._arm(self.limits.header_timeout_s)
+            return
+        peer = peer_of(self.client[0])
+        if self.peers[peer] >= self.limits.max_connections_per_peer:
+            message = "too many connections to the gateway from this address; retry shortly"
+            self._refuse(_Refusal(503, message, "server_error", "too_many_connections_from_peer"))
+            return
+        self._peer = peer
+        self.peers[peer] += 1
         self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._peer is not None:
+            self.peers[self._peer] -= 1
+            if not self.peers[self._peer]:
+                del self.peers[self._peer]
+            self._peer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._discarding:
-            return
-        if not self._in_head:
-            super().data_received(data)
-            return
+        while data and not self._discarding and not self.transport.is_closing():
+            if not self._in_head and self._body is None:
+                # A message the parser goes on reading with no framing the headers name:
+                # nothing of it could be counted, so it is refused rather than read uncounted.
+                self.send_400_response("")
+                return
+            data = self._feed_head(data) if self._in_head else self._feed_body(data)
+
+    def _feed_head(self, data: bytes) -> bytes:
+        """Give the parser ``data`` up to its head's end; what is left after it."""
         if self._deadline is None:  # the first byte of a head after an answer
             self._arm(self.limits.header_timeout_s)
-        if len(data) <= self._head_left:
-            self._head_left -= len(data)
-            super().data_received(data)
-            return
-        allowed, rest = data[: self._head_left], data[self._head_left :]
-        heads = self._heads
-        self._head_left = 0
-        if allowed:
-            super().data_received(allowed)
-        if self.transport.is_closing() or self._discarding:
-            return
-        if self._heads == heads:  # the head did not end within its limit
+        end = self._head_end.end(data)
+        size = len(data) if end is None else end
+        if size > self._head_left:
             limit = self.limits.max_header_bytes
             message = f"the request's headers are larger than the gateway's limit of {limit} bytes"
-            self._refuse(431, message, "invalid_request_error", "request_header_fields_too_large")
-            return
-        self.data_received(rest)
+            self._refuse(_Refusal(431, message, _INVALID, _TOO_LARGE))
+            return b""
+        self._head_left -= size
+        super().data_received(data[:size])
+        return data[size:]
+
+    def _feed_body(self, data: bytes) -> bytes:
+        """Give the parser ``data`` up to its body's end; what is left after it."""
+        assert self._body is not None
+        size, ended = self._body.take(data)
+        if self._body.extra > self._head_left:
+            limit = self.limits.max_header_bytes
+            message = (
+                "the request's chunk extensions and trailer are larger than the gateway's limit "
+                f"of {limit} bytes"
+            )
+            self._refuse(_Refusal(431, message, _INVALID, _TOO_LARGE))
+            return b""
+        super().data_received(data[:size])
+        if ended and not self._in_head:
+            self._body = None  # the parser reads on where the framing ended: refused above
+        return data[size:]
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_head:  # a trailer's fields are counted and dropped, never headers
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._heads += 1
+        self._body = body_of(self.headers)
+        self._before = self.cycle
         self._arm(self.limits.body_timeout_s)
         super().on_headers_complete()
 
@@ -137,14 +196,21 @@ class BoundedProtocol(HttpToolsProtocol):
         self._disarm()  # the next head's clock starts with its first byte
         self._in_head = True
         self._head_left = self.limits.max_header_bytes
+        self._head_end = HeadEnd()
+        self._body = None
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._owed is not None and self._owed[0].response_complete:
+            refusal = self._owed[1]
+            self._owed = None
+            if not self.transport.is_closing():
+                self._refuse(refusal)
+
     def send_400_response(self, msg: str) -> None:
-        cycle = self.cycle
-        if cycle is not None and cycle.response_started and not cycle.response_complete:
-            self.transport.close()  # an answer is on its way: a 400 cannot follow it
-            return
-        self._refuse(400, "the request is not valid HTTP/1.1", "invalid_request_error", None)
+        del msg
+        self._refuse(_Refusal(400, "the request is not valid HTTP/1.1", _INVALID, None))
 
     def _arm(self, after_s: float) -> None:
         self._disarm()
@@ -159,21 +225,38 @@ class BoundedProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing() or self._discarding:
             return
-        cycle = self.cycle if not self._in_head else None
-        if cycle is not None and not cycle.response_complete:
+        if self._in_head and self._head_left == self.limits.max_header_bytes:
+            self.transport.close()  # a connection that never sent a byte: nothing to answer
+            return
+        part = "headers" if self._in_head else "body"
+        message = f"the request's {part} did not arrive in time"
+        self._refuse(_Refusal(408, message, _INVALID, "request_timeout"))
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        """Answer ``refusal`` and close the connection, once the answers to the requests
+        before it on this connection are written (each client gets its answers in order)."""
+        self._disarm()
+        awaited: RequestResponseCycle | None = self.cycle
+        if not self._in_head and self.cycle is not None:  # refusing the request being read
+            cycle = self.cycle
             cycle.disconnected = True  # the app's receive() answers with a disconnect
             cycle.message_event.set()
-        started = self._in_head and self._head_left < self.limits.max_header_bytes
-        if started or (cycle is not None and not cycle.response_started):
-            part = "headers" if self._in_head else "body"
-            message = f"the request's {part} did not arrive in time"
-            self._refuse(408, message, "invalid_request_error", "request_timeout")
-        else:
-            self.transport.close()  # a connection that never sent a byte: nothing to answer
+            if cycle.response_started:  # its answer is on its way: no other can follow it
+                self.transport.close()
+                return
+            queued = [entry for entry in self.pipeline if entry[0] is cycle]
+            for entry in queued:
+                self.pipeline.remove(entry)
+            awaited = self._before if queued else None
+        if awaited is not None and not awaited.response_complete:
+            self._owed = (awaited, refusal)
+            self._discarding = True  # what the client still sends is dropped meanwhile
+            return
+        self._write(refusal)
 
-    def _refuse(self, status: int, message: str, kind: str, code: str | None) -> None:
-        """Answer ``status`` in OpenAI's shape and close the connection."""
-        self._disarm()
+    def _write(self, refusal: _Refusal) -> None:
+        """Write ``refusal`` in OpenAI's shape and close the connection."""
+        status, message, kind, code = refusal
         error = {"message": message, "type": kind, "param": None, "code": code}
         body = orjson.dumps({"error": error})
         head = [STATUS_LINE[status]]
@@ -198,3 +281,28 @@ class BoundedProtocol(HttpToolsProtocol):
         self._discarding = True
         self._deadline = self.loop.call_later(_LINGER_S, self.transport.close)
         log.debug("connection from %s refused: %d %s", self.client, status, message)
+
+
+def peer_of(host: str) -> str:
+    """Whose a connection is, for the per-peer share: its IPv4 address, or the /64 network of
+    an IPv6 one (a host is given a whole /64 and may use any address in it)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return host
+
+
+class _Refusal(NamedTuple):
+    status: int
+    message: str
+    kind: str
+    code: str | None
+
+
+_INVALID = "invalid_request_error"
+_TOO_LARGE = "request_header_fields_too_large"

@@ -14,6 +14,7 @@ reload ends with the new policy or with errors, never with an exception.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -50,11 +51,34 @@ def version_of(text: str) -> str:
 
 def read_policy_file(path: Path) -> bytes:
     """At most ``MAX_BYTES`` + 1 bytes of a regular file (the loader refuses the rest);
-    ``OSError`` when it cannot be read, or is a directory, a pipe or a device."""
-    with path.open("rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise IsADirectoryError(f"{path} is not a regular file")
-        return f.read(MAX_BYTES + 1)
+    ``OSError`` at once when it cannot be read, or is a directory, a pipe, a socket or a
+    device: it is opened without waiting for a writer, and nothing but a regular file is read,
+    so a FIFO in its place is an error, never a reload that waits for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file but {_kind(mode)}")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        left = MAX_BYTES + 1
+        while left and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
 def load_policy_file(path: Path) -> tuple[CompiledPolicy, str]:

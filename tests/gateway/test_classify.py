@@ -39,10 +39,10 @@ def chat(**extra):
             {"response_format": ResponseFormat.JSON_SCHEMA, "schema_name": "person"},
         ),
         (chat(response_format={"type": "structural_tag"}), {"response_format": "text"}),
-        (chat(user="u-7"), {"routing_key": "anonymous/u-7"}),
+        (chat(user="u-7"), {"routing_key": "", "user": "u-7"}),
         (
             chat(),
-            {"routing_key": "req-1", "tenant": "anonymous", "endpoint": "/v1/chat/completions"},
+            {"routing_key": "", "tenant": "anonymous", "endpoint": "/v1/chat/completions"},
         ),
     ],
 )
@@ -73,21 +73,23 @@ def test_the_tenant_comes_from_a_known_key_or_a_trusted_header(headers, trusted,
     assert (caller.tenant, caller.sticky) == (tenant, sticky)
 
 
-def test_an_unknown_key_is_anonymous_with_a_pseudonym_never_the_key():
+def test_an_unknown_key_is_anonymous_and_names_no_rollout_arm():
     one = caller_from({"authorization": "Bearer sk-1"}, None, KEYS)
     other = caller_from({"authorization": "Bearer sk-2"}, None, KEYS)
-    assert one.tenant == other.tenant == "anonymous"
-    assert one.sticky.startswith("key-") and "sk-1" not in one.sticky and one.sticky != other.sticky
+    assert one == other == caller_from({}, None, KEYS)
+    assert one.tenant == "anonymous" and one.sticky == ""
 
 
-def test_a_user_is_scoped_by_its_tenant_and_cannot_pick_one():
-    request, _ = parse(orjson.dumps(chat(user="acme")), "chat")
+def test_a_user_cannot_pick_a_tenant_or_a_rollout_arm():
     acme = caller_from({"authorization": "Bearer sk-acme"}, None, KEYS)
     beta = caller_from({"authorization": "Bearer sk-beta"}, None, KEYS)
-    in_acme = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, acme)
-    in_beta = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, beta)
-    assert (in_acme.tenant, in_beta.tenant) == ("acme", "beta")
-    assert in_acme.routing_key == "acme/acme" and in_beta.routing_key == "beta/acme"
+    for user in ["acme", "beta", "anonymous", "acme/x", None]:
+        request, _ = parse(orjson.dumps(chat(user=user)), "chat")
+        in_acme = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, acme)
+        in_beta = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, beta)
+        assert (in_acme.tenant, in_acme.routing_key) == ("acme", "acme")
+        assert (in_beta.tenant, in_beta.routing_key) == ("beta", "beta")
+        assert in_acme.user == in_beta.user == (user or "")
 
 
 def test_tool_definitions_count_as_prompt_tokens():

@@ -88,7 +88,7 @@ def test_one_tool_schema_is_one_slice_through_every_door():
             "messages",
             {"thinking": True},
         ),
-        (by_messages(metadata={"user_id": "u1"}), "messages", {"routing_key": "anonymous/u1"}),
+        (by_messages(metadata={"user_id": "u1"}), "messages", {"user": "u1", "routing_key": ""}),
         (by_responses(), "responses", {"temperature": 1.0, "max_tokens": None}),
         (by_responses(max_output_tokens=50, temperature=0), "responses", {"max_tokens": 50}),
         (by_responses(reasoning={"effort": "low"}), "responses", {"thinking": True}),

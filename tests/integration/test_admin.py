@@ -113,8 +113,12 @@ async def test_kill_switch_sends_everything_to_standard_and_is_audited(tmp_path)
 async def test_rule_flag_rollout_and_tenants(tmp_path):
     fake = FakeUpstream()
     json_chat = {**CHAT, "response_format": {"type": "json_object"}}
+    tenants = "".join(f"  t{i}: {{{{api_keys: [{key_hash(f'sk-t{i}')}]}}}}\n" for i in range(40))
     async with (
-        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY + tenants, admin_token=TOKEN) as (
+            url,
+            _,
+        ),
         httpx.AsyncClient() as c,
     ):
         await c.put(url + "/admin/flags/spec-json", json={"enabled": False}, headers=AUTH)
@@ -126,15 +130,28 @@ async def test_rule_flag_rollout_and_tenants(tmp_path):
             headers=AUTH,
         )
         assert await served_by(c, url, json_chat, authorization="Bearer sk-acme") == "standard"
-        assert await served_by(c, url, json_chat, authorization="Bearer sk-other") == "spec"
-        await c.put(url + "/admin/flags/spec-json", json={"rollout": 50}, headers=AUTH)
+        assert await served_by(c, url, json_chat, authorization="Bearer sk-t1") == "spec"
+        # no key, or one the policy does not know, escapes no deny list
+        assert await served_by(c, url, json_chat, authorization="Bearer sk-other") == "standard"
+        assert await served_by(c, url, json_chat) == "standard"
+        await c.put(
+            url + "/admin/flags/spec-json",
+            json={"rollout": 50, "tenants": {"deny": []}},
+            headers=AUTH,
+        )
         pools = {
-            user: await served_by(c, url, {**json_chat, "user": user})
-            for user in map(str, range(40))
+            i: {
+                await served_by(
+                    c, url, {**json_chat, "user": user}, authorization=f"Bearer sk-t{i}"
+                )
+                for user in ["a", "b", "c", "t0", "t1"]
+            }
+            for i in range(40)
         }
-        again = {user: await served_by(c, url, {**json_chat, "user": user}) for user in pools}
-    assert pools == again  # a user stays in one arm
-    assert 8 <= sum(p == "spec" for p in pools.values()) <= 32
+        anonymous = {await served_by(c, url, {**json_chat, "user": str(u)}) for u in range(10)}
+    assert all(len(arm) == 1 for arm in pools.values())  # a tenant stays in one arm, any user
+    assert 8 <= sum(arm == {"spec"} for arm in pools.values()) <= 32
+    assert anonymous == {"standard"}  # outside every partial rollout
 
 
 async def test_bad_flag_updates_are_400(tmp_path):

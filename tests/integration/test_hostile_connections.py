@@ -174,7 +174,7 @@ async def test_a_trickled_body_is_cut_with_a_408(tmp_path):
 
 
 async def test_connections_above_the_cap_get_a_503_with_retry_after(tmp_path):
-    async with _gateway(tmp_path, max_connections=8) as (url, _):
+    async with _gateway(tmp_path, max_connections=8, max_connections_per_peer=8) as (url, _):
         held = [await asyncio.open_connection(*_address(url)) for _ in range(8)]
         async with httpx.AsyncClient() as c:
             refused = await c.post(url + "/v1/chat/completions", json=CHAT)
@@ -225,6 +225,140 @@ async def test_bytes_that_are_not_http_get_an_openai_shaped_400(tmp_path):
         writer.close()
     status, _, body = _answer(answer)
     assert status == 400 and body["error"]["type"] == "invalid_request_error"
+
+
+async def test_one_address_holds_at_most_its_share_of_connections(tmp_path):
+    async with _gateway(tmp_path, max_connections=8, max_connections_per_peer=3) as (url, _):
+        held = [await asyncio.open_connection(*_address(url)) for _ in range(3)]
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        async with httpx.AsyncClient() as c, httpx.AsyncClient(transport=other) as d:
+            refused = await c.post(url + "/v1/chat/completions", json=CHAT)
+            served = await d.post(url + "/v1/chat/completions", json=CHAT)
+            for _, writer in held:
+                writer.close()
+            for _ in range(100):  # until the gateway has seen them go
+                again = await c.post(url + "/v1/chat/completions", json=CHAT)
+                if again.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "too_many_connections_from_peer"
+    assert served.status_code == 200 and again.status_code == 200
+
+
+def _chunked(trailer: bytes = b"", extension: bytes = b"") -> bytes:
+    """A chat request with a chunked body, then ``trailer`` (whole lines, or a start)."""
+    body = orjson.dumps(CHAT)
+    head = HEAD + b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunks = b"%x%s\r\n%s\r\n" % (len(body), extension, body)
+    return head + chunks + b"0\r\n" + trailer
+
+
+async def test_a_chunked_trailer_counts_against_the_head_limit(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=16 * 1024) as (url, fake):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        before = _rss_mib()
+
+        async def send() -> None:  # 64 MiB of trailer, as fast as the gateway takes it
+            writer.write(_chunked(b"x-trailer: "))
+            with contextlib.suppress(ConnectionError):
+                for _ in range(1024):
+                    writer.write(b"t" * 65536)
+                    await writer.drain()
+
+        sending = asyncio.create_task(send())
+        answer = await asyncio.wait_for(reader.read(), 30)
+        await sending
+        grown = _rss_mib() - before
+        writer.close()
+        async with httpx.AsyncClient() as c:
+            after = await c.post(url + "/v1/chat/completions", json=CHAT)
+    status, headers, body = _answer(answer)
+    assert status == 431 and headers["connection"] == "close"
+    assert body["error"]["code"] == "request_header_fields_too_large"
+    assert "trailer" in body["error"]["message"]
+    assert grown < 16, f"RSS grew {grown:.0f} MiB"
+    assert len(fake.received) == 1 and after.status_code == 200  # only the one after
+
+
+async def test_a_long_chunk_extension_counts_against_the_head_limit(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=16 * 1024) as (url, fake):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        writer.write(_chunked(b"\r\n", b";x=" + b"e" * 20000))
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+    assert _answer(answer)[0] == 431 and fake.received == []
+
+
+async def test_chunked_bodies_with_small_trailers_and_tiny_chunks_pass(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=1024) as (url, fake):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        writer.write(_chunked(b"x-checksum: abc\r\nauthorization: Bearer sk-x\r\n\r\n"))
+        first = _responses(await _read_answers(reader, 1))
+        body = orjson.dumps({**CHAT, "padding": "p" * 6000})
+        tiny = b"".join(b"1\r\n%s\r\n" % body[i : i + 1] for i in range(len(body)))
+        head = HEAD + b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        writer.write(head + tiny + b"0\r\n\r\n")  # 30 KB of framing in 1 KiB of head limit
+        second = _responses(await _read_answers(reader, 1))
+        writer.close()
+    assert [s for s, _ in first + second] == [200, 200] and len(fake.received) == 2
+
+
+async def test_a_pipelined_head_in_the_same_read_is_counted(tmp_path):
+    async with _gateway(tmp_path, max_header_bytes=16 * 1024) as (url, fake):
+        reader, writer = await asyncio.open_connection(*_address(url))
+        body = orjson.dumps(CHAT)
+        first = HEAD + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        writer.write(first + HEAD + b"x-big: " + b"a" * 20000 + b"\r\n\r\n")
+        answers = _responses(await asyncio.wait_for(reader.read(), 30))
+        writer.close()
+    assert [status for status, _ in answers] == [200, 431]
+    assert len(fake.received) == 1
+
+
+@pytest.mark.parametrize("second", ["oversized", "stalled", "not http"])
+async def test_a_refused_pipelined_request_is_answered_after_the_one_before(tmp_path, second):
+    expected = {"oversized": 431, "stalled": 408, "not http": 400}[second]
+    async with _gateway(tmp_path, max_header_bytes=16 * 1024, header_timeout_s=0.3) as (url, fake):
+        fake.behaviour.delay_s = 1.0
+        reader, writer = await asyncio.open_connection(*_address(url))
+        body = orjson.dumps(CHAT)
+        writer.write(HEAD + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        while not fake.received:  # the first request is with the upstream
+            await asyncio.sleep(0.02)
+        if second == "oversized":
+            writer.write(HEAD + b"x-big: " + b"a" * 20000)
+        elif second == "stalled":
+            writer.write(HEAD)
+        else:
+            writer.write(b"\x16\x03\x01 not http\r\n\r\n")
+        answers = _responses(await asyncio.wait_for(reader.read(), 30))
+        writer.close()
+    assert [status for status, _ in answers] == [200, expected]
+    assert orjson.loads(answers[0][1])["choices"][0]["message"]["content"]
+
+
+async def _read_answers(reader: asyncio.StreamReader, count: int) -> bytes:
+    raw = b""
+    while len(_responses(raw, complete=False)) < count:
+        raw += await asyncio.wait_for(reader.read(65536), 10)
+    return raw
+
+
+def _responses(raw: bytes, complete: bool = True) -> list[tuple[int, bytes]]:
+    """Each whole answer in ``raw`` (all with a content-length): its status and body."""
+    found = []
+    while raw:
+        head, sep, rest = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        length = int(headers["content-length"])
+        if not sep or len(rest) < length:
+            assert not complete, raw[:200]
+            break
+        found.append((int(lines[0].split()[1]), rest[:length]))
+        raw = rest[length:]
+    return found
 
 
 def _rss_mib() -> float:

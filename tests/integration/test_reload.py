@@ -190,3 +190,33 @@ async def test_a_reload_runs_off_the_event_loop(tmp_path):
     ticker.cancel()
     assert not result.changed and result.errors
     assert ticks - before > 10  # the loop ran other work while the file was read
+
+
+async def test_a_fifo_in_place_of_the_policy_file_is_refused_at_once(tmp_path):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), policy_watch_s=0.05, admin_token="t") as (
+            url,
+            svc,
+        ),
+        httpx.AsyncClient(headers={"authorization": "Bearer t"}, timeout=30) as c,
+    ):
+        path = svc.policy.path
+        good = path.read_text()
+        path.unlink()
+        os.mkfifo(path)  # no writer will ever open it
+        await eventually(lambda: _async(bool(svc.policy.last_error)))
+        expected = f"{path}: cannot read: not a regular file but a FIFO (named pipe)"
+        assert svc.policy.last_error == (expected,)
+        admin = await c.post(url + "/admin/policy/reload")
+        assert admin.status_code == 422 and admin.json()["errors"] == [expected]
+        source = (await c.get(url + "/admin/policy/source")).json()
+        assert "FIFO" in source["file"]["error"] and source["version"] == svc.policy.version
+        assert await pool(c, url) == "spec"  # still serving on the last good policy
+        path.unlink()
+        path.write_text(good.split("\nrules:")[0] + TO_STANDARD)
+
+        async def switched() -> bool:
+            return await pool(c, url) == "standard"
+
+        await eventually(switched)  # the watch is alive: a later good file is loaded
