@@ -295,18 +295,19 @@ class Pools:
         deadline: float | None = None,
         avoid: Collection[str] = (),
         *,
+        events: bool = False,
         pinned: str | None = None,
     ) -> Opened:
         """The first stream, down ``rungs``, that yields an event by ``deadline`` (by default
         ``Pools.deadline``), whose reads end there too; ``body`` may depend on the pool (an
-        engine that needs a field the others refuse). ``pinned``: the one endpoint that may
-        serve it (``_plan``)."""
+        engine that needs a field the others refuse). ``events``: read it as whole events
+        (``UpstreamStream``); ``pinned``: the one endpoint that may serve it (``_plan``)."""
         until = self.deadline(rungs) if deadline is None else deadline
 
         async def attempt(endpoint: Endpoint, spec: PoolSpec) -> UpstreamStream:
             sent = body(spec) if callable(body) else body
             url = endpoint.url + path
-            return await self._upstream.open(url, sent, headers, spec.timeouts, until)
+            return await self._upstream.open(url, sent, headers, spec.timeouts, until, events)
 
         spec, endpoint, stream, attempts = await self._first(
             rungs, attempt, avoid, until, pinned=pinned

@@ -9,10 +9,10 @@ per line on top of a particular HTTP client, which costs more than the parse its
 from __future__ import annotations
 
 
-class SSEDecoder:
-    """Feed it chunks; it returns the data payloads of every event completed so far. An event
-    that arrives in many chunks is kept as its chunks until one can end it, so a large event
-    costs its size once, not once per chunk; ``buffered`` says how large it has grown."""
+class _Blocks:
+    """Chunks in, whole event blocks out. An event that arrives in many chunks is kept as its
+    chunks until one can end it, so a large event costs its size once, not once per chunk;
+    ``buffered`` says how large it has grown."""
 
     __slots__ = ("_parts", "buffered")
 
@@ -20,7 +20,7 @@ class SSEDecoder:
         self._parts: list[bytes] = []  # an event not completed by a blank line yet
         self.buffered = 0
 
-    def feed(self, chunk: bytes) -> list[bytes]:
+    def _blocks(self, chunk: bytes) -> list[bytes]:
         parts = self._parts
         if b"\r" in chunk or (parts and parts[-1].endswith(b"\r")):
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
@@ -32,12 +32,38 @@ class SSEDecoder:
         *blocks, rest = buffer.split(b"\n\n")
         self._parts = [rest] if rest else []
         self.buffered = len(rest)
-        return [data for block in blocks if (data := _data(block)) is not None]
+        return blocks
 
     @property
     def pending(self) -> bytes:
         """Bytes of an event that has not been completed by a blank line yet."""
         return b"".join(self._parts)
+
+
+class EventDecoder(_Blocks):
+    """Feed it chunks; it returns every event completed so far whole, as its bytes came
+    (``event:`` line and all, without the blank line that ends it), for a relay that
+    passes events on as they are; an event whose data is ``[DONE]`` comes as ``[DONE]``."""
+
+    __slots__ = ()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        blocks = self._blocks(chunk)
+        return [b"[DONE]" if block == b"data: [DONE]" else block for block in blocks if block]
+
+
+def data_of(block: bytes) -> bytes | None:
+    """The data of one whole event (``EventDecoder``); None when it has none."""
+    return _data(block)
+
+
+class SSEDecoder(_Blocks):
+    """Feed it chunks; it returns the data payloads of every event completed so far."""
+
+    __slots__ = ()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        return [data for block in self._blocks(chunk) if (data := _data(block)) is not None]
 
 
 def _data(block: bytes) -> bytes | None:

@@ -44,7 +44,7 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.http1 import BadResponse, Client, ConnectError, Disconnected, Response
-from backends.sse import SSEDecoder
+from backends.sse import EventDecoder, SSEDecoder, data_of
 
 DONE = b"[DONE]"
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -94,13 +94,31 @@ def _mapped(started: bool, deadline: float | None = None) -> Iterator[None]:
 
 
 class UpstreamStream:
-    """An open upstream response: the first event already read, the rest to iterate."""
+    """An open upstream response: the first event already read, the rest to iterate.
 
-    __slots__ = ("_decoder", "_limit", "_pending", "_received", "_response", "done", "first")
+    Its events are data payloads, ending with ``[DONE]``; with ``events`` (the APIs whose
+    streams are relayed as they came: Anthropic's Messages, OpenAI's Responses) they are
+    whole events (``backends/sse.py``'s ``EventDecoder``), and the end of the body ends
+    the stream too, as it does for those APIs: whether the stream said all it had to is
+    then for the reader of its events to tell."""
 
-    def __init__(self, response: Response, limit: int = MAX_RESPONSE_BYTES) -> None:
+    __slots__ = (
+        "_decoder",
+        "_events",
+        "_limit",
+        "_pending",
+        "_received",
+        "_response",
+        "done",
+        "first",
+    )
+
+    def __init__(
+        self, response: Response, limit: int = MAX_RESPONSE_BYTES, *, events: bool = False
+    ) -> None:
         self._response = response
-        self._decoder = SSEDecoder()
+        self._decoder: SSEDecoder | EventDecoder = EventDecoder() if events else SSEDecoder()
+        self._events = events
         self._limit = limit  # bytes of one event
         self._pending: list[bytes] = []
         self._received = False  # any byte of the body
@@ -133,7 +151,9 @@ class UpstreamStream:
         self.first = await self._fill()
         self._pending.pop(0)
         self.done = self.first == DONE
-        if not self.done:
+        if self._events and not self.done:
+            _check_event(data_of(self.first) or b"")
+        elif not self.done:
             _check_event(self.first)
             if _is_prelude(self.first):
                 second = await self._fill()
@@ -167,6 +187,9 @@ class UpstreamStream:
                 continue
             with _mapped(started=True, deadline=self._response.deadline):
                 chunk = await self._response.chunk()
+            if not chunk and self._events and not self._decoder.pending.strip():
+                self.done = True  # the body ended, between events
+                return
             if not chunk:
                 raise StreamBroken("upstream ended the stream without [DONE]")
             self._pending = self._feed(chunk, StreamBroken)
@@ -314,9 +337,11 @@ class Upstream:
         headers: Mapping[str, str],
         timeouts: Timeouts,
         deadline: float | None = None,
+        events: bool = False,
     ) -> UpstreamStream:
-        """POST ``body`` and wait for the first event; raise a ``BackendError`` otherwise.
-        The stream's reads end at ``deadline`` too."""
+        """POST ``body`` and wait for the first event (a whole one with ``events``, see
+        ``UpstreamStream``); raise a ``BackendError`` otherwise. The stream's reads end at
+        ``deadline`` too."""
         with _mapped(started=False):
             loop = asyncio.get_running_loop()
             first_by = loop.time() + timeouts.first_byte_s
@@ -328,7 +353,7 @@ class Upstream:
                 try:
                     if response.status >= 400:
                         await _raise_for(response)
-                    stream = UpstreamStream(response, self.max_response_bytes)
+                    stream = UpstreamStream(response, self.max_response_bytes, events=events)
                     await stream.read_first()
                 except BaseException:
                     response.close()

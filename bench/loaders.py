@@ -92,12 +92,12 @@ class Wrk:
     def find() -> str | None:
         return shutil.which("wrk")
 
-    def script(self, stream: bool, model: str = canned.MODEL) -> Path:
-        """The Lua script that makes wrk send the canned request."""
-        path = self._scripts / f"wrk-{'stream' if stream else 'json'}-{model}.lua"
+    def script(self, stream: bool, model: str = canned.MODEL, route: str = "chat") -> Path:
+        """The Lua script that makes wrk send the canned request of ``route``."""
+        path = self._scripts / f"wrk-{route}-{'stream' if stream else 'json'}-{model}.lua"
         lines = [
             'wrk.method = "POST"',
-            f"wrk.body = [==[{canned.request_body(stream, model).decode()}]==]",
+            f"wrk.body = [==[{canned.request_body(stream, model, route).decode()}]==]",
         ]
         lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in canned.request_headers(stream).items()]
         path.write_text("\n".join(lines) + "\n" + _WRK_DONE)
@@ -107,7 +107,7 @@ class Wrk:
         self, url: str, concurrency: int, stream: bool, seconds: int, model: str
     ) -> dict[str, float]:
         argv = [self._binary, "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s"]
-        argv += ["-s", str(self.script(stream, model)), url]
+        argv += ["-s", str(self.script(stream, model, canned.route_of(url))), url]
         child = self._supervisor.start("wrk", argv, capture=True)
         try:
             out, _ = child.popen.communicate(timeout=seconds + 30)

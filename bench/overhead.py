@@ -300,7 +300,7 @@ def _post(url: str, stream: bool, model: str) -> tuple[int, dict[str, str], byte
     host, _, port = host_port.partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
-        body = canned.request_body(stream, model)
+        body = canned.request_body(stream, model, canned.route_of(url))
         path = "/" + url.removeprefix("http://").split("/", 1)[1]
         connection.request("POST", path, body, canned.request_headers(stream))
         response = connection.getresponse()
@@ -316,7 +316,14 @@ def check(url: str, name: str, stream: bool, model: str = canned.MODEL) -> str:
     where = f"{name} ({'stream' if stream else 'json'})"
     if status != 200:
         raise RuntimeError(f"{where} answered {status}: {body[:300]!r}")
-    if stream:
+    route = canned.route_of(url)
+    if route != "chat":  # relayed as they came: the upstream's own bytes
+        canned_answer = canned.sse_body(route) if stream else canned.json_body(route)
+        if body != canned_answer:
+            raise RuntimeError(f"{where}: not the upstream's answer byte for byte: {body[:300]!r}")
+        detail = f"{body.count(b'data: ')} events" if stream else "JSON"
+        detail += f", {len(body)} bytes, the upstream's own"
+    elif stream:
         events = [b for b in body.split(b"\n\n") if b.startswith(b"data: ")]
         if not body.endswith(b"data: [DONE]\n\n"):
             raise RuntimeError(f"{where}: the stream did not end with [DONE]")

@@ -19,6 +19,11 @@ that cannot be installed or started is skipped with the reason. Needs nginx and 
 
     .venv/bin/python bench/proxies.py                   # 3 rounds of 10 s cells: ~35 min
     .venv/bin/python bench/proxies.py --rounds 1 --duration 3 --configs direct,bare,speclane
+
+``--routes chat,messages,responses`` measures the other APIs speclane routes too, on the
+same canned answers in their shapes (Anthropic's Messages, OpenAI's Responses): every
+configuration that can carry a route (direct, bare, speclane; not vllm-router or LiteLLM,
+which are measured on chat) gets a row per route, named ``NAME ROUTE``.
 """
 
 from __future__ import annotations
@@ -72,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--concurrency", default="1,64", metavar="LIST", help="connections (default 1,64)")
     add("--modes", default="stream,json", metavar="LIST", help="stream and/or json")
     add("--configs", default=ALL, metavar="LIST", help=f"what to run (default {ALL})")
+    add(
+        "--routes",
+        default="chat",
+        metavar="LIST",
+        help=f"APIs to measure: {', '.join(canned.ROUTES)} (default chat)",
+    )
     add("--workers", type=int, default=2, metavar="N", help="workers of the -2w configs (2)")
     add(
         "--redis-url",
@@ -152,9 +163,30 @@ def _configs(
             builds.append(("@base", str(args.speclane_base)))
         for suffix, binary in builds:
             try:
-                out.append(_start(args, sup, tmp, nginx, upstream, name + suffix, binary))
+                started = _start(args, sup, tmp, nginx, upstream, name + suffix, binary)
             except (peers.Skipped, RuntimeError) as exc:
                 print(f"  SKIPPED {name + suffix}: {exc}", flush=True)
+                continue
+            out += _per_route(args, started)
+    return out
+
+
+_ROUTED = ("direct", "bare", "speclane")  # the configurations that carry every route
+
+
+def _per_route(args: argparse.Namespace, config: Config) -> list[Config]:
+    """``config`` once per route asked for: its chat row as it was, a row per other route
+    where the configuration carries it."""
+    out = []
+    for route in (r.strip() for r in args.routes.split(",")):
+        if route not in canned.ROUTES:
+            raise SystemExit(f"unknown route {route!r}: give {', '.join(canned.ROUTES)}")
+        if route == "chat":
+            out.append(config)
+        elif config.name.startswith(_ROUTED):
+            url = config.url.removesuffix(CHAT) + canned.ROUTES[route]
+            name = f"{config.name} {route}"
+            out.append(Config(name, url, config.watched, config.how, config.modes, config.models))
     return out
 
 

@@ -1,20 +1,32 @@
 """Step 3 of a request: classify it into ``Features``. Pure; no I/O, no clock.
 
 Reads the validated request and its headers; produces the values the policy matches on.
+Every API is read into the same values: a tool offered by Anthropic's Messages
+(``input_schema``) or OpenAI's Responses (flat ``name``/``parameters``) is fingerprinted as
+the same tool offered by chat (``function.parameters``), so one tool schema is one slice
+whichever door it comes in by; a Messages ``system`` and a Responses ``instructions`` count
+in the context length as a chat system message does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import orjson
 
 from gateway import tokens
+from gateway.endpoints import api_of
 from gateway.identity import Caller, caller_from
-from gateway.schema import AnyRequest, ChatRequest, CompletionRequest
+from gateway.schema import (
+    AnyRequest,
+    ChatRequest,
+    CompletionRequest,
+    MessagesRequest,
+    ResponsesRequest,
+)
 from policies.features import Features, ResponseFormat
 
 _FORMATS = {f.value: f for f in ResponseFormat}
@@ -50,6 +62,7 @@ def classify(
     fmt, schema = _response_format(request)
     return Features(
         endpoint=headers.get(defaults.endpoint_header) or path,
+        api=api_of(path),
         model=request.model,
         temperature=defaults.temperature if request.temperature is None else request.temperature,
         top_p=defaults.top_p if request.top_p is None else request.top_p,
@@ -66,16 +79,17 @@ def classify(
         user=request.user or "",
         request_id=request_id,
         headers=headers,
+        thinking=_thinks(request),
     )
 
 
 def prompt_tokens(request: AnyRequest, tool_schemas: bytes = b"") -> int:
     """Estimated prompt tokens; tool definitions count too (chat templates inline them)."""
-    if isinstance(request, ChatRequest):
-        texts = _message_texts(request)
+    if not isinstance(request, CompletionRequest):
+        texts, messages = _texts(request)
         if tool_schemas:
             texts = itertools.chain(texts, (tool_schemas.decode(),))
-        return tokens.estimate(texts, len(request.messages))
+        return tokens.estimate(texts, messages)
     prompt = request.prompt
     if isinstance(prompt, str):
         return tokens.estimate((prompt,))
@@ -86,31 +100,116 @@ def prompt_tokens(request: AnyRequest, tool_schemas: bytes = b"") -> int:
     return tokens.estimate(p for p in prompt if isinstance(p, str))
 
 
-def _message_texts(request: ChatRequest) -> Iterator[str]:
-    for message in request.messages:
-        content = message.content
+def _texts(
+    request: ChatRequest | MessagesRequest | ResponsesRequest,
+) -> tuple[Iterator[str], int]:
+    """The prompt's texts and how many messages hold them."""
+    if isinstance(request, ChatRequest):
+        return _parts([m.content for m in request.messages]), len(request.messages)
+    if isinstance(request, MessagesRequest):
+        system: list[object] = [] if request.system is None else [request.system]
+        contents = itertools.chain(system, (m.content for m in request.messages))
+        return _parts(contents), len(system) + len(request.messages)
+    items = [request.input] if isinstance(request.input, str) else request.input
+    told: list[object] = [] if request.instructions is None else [request.instructions]
+    said = itertools.chain(told, (_item_content(i) for i in items))
+    return _parts(said), len(told) + len(items)
+
+
+def _item_content(item: object) -> object:
+    """What a Responses input item says: a message's content, a tool result's output."""
+    if isinstance(item, str) or not isinstance(item, dict):
+        return item
+    if "content" in item:
+        return item["content"]
+    return item.get("output") or item.get("arguments")
+
+
+def _parts(contents: Iterable[object]) -> Iterator[str]:
+    """The text of each message content: a string, or the text parts of a list (chat's
+    ``text``, Anthropic's ``text`` and ``tool_result``, Responses' ``input_text``)."""
+    for content in contents:
         if isinstance(content, str):
             yield content
-        elif content:
-            yield from (str(p["text"]) for p in content if p.get("type") == "text" and "text" in p)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict):
+                    yield from _part_text(part)
+
+
+def _part_text(part: dict[str, object]) -> Iterator[str]:
+    text = part.get("text")
+    if isinstance(text, str):
+        yield text
+    inner = part.get("content")
+    if isinstance(inner, str):  # a tool result's output
+        yield inner
+    elif isinstance(inner, list):
+        yield from _parts((inner,))
+    if part.get("type") == "tool_use" and "input" in part:
+        yield orjson.dumps(part["input"]).decode()
 
 
 def _tool_names(request: AnyRequest) -> tuple[str, ...]:
     if isinstance(request, CompletionRequest) or not request.tools:
         return ()
-    return tuple(tool.function.name for tool in request.tools)
+    if isinstance(request, ChatRequest):
+        return tuple(tool.function.name for tool in request.tools)
+    if isinstance(request, MessagesRequest):
+        return tuple(tool.name for tool in request.tools)
+    return tuple(tool.name or tool.type for tool in request.tools)
 
 
 def _tool_schemas(request: AnyRequest) -> bytes:
-    """The tool definitions as canonical JSON: what the fingerprint hashes."""
-    assert isinstance(request, ChatRequest) and request.tools
-    schemas = [tool.model_dump(mode="json") for tool in request.tools]
+    """The tool definitions as canonical JSON, in chat's shape whatever the API: what the
+    fingerprint hashes."""
+    assert not isinstance(request, CompletionRequest) and request.tools
+    if isinstance(request, ChatRequest):
+        schemas = [tool.model_dump(mode="json") for tool in request.tools]
+    elif isinstance(request, MessagesRequest):
+        schemas = [
+            _as_chat_tool(tool.name, tool.model_extra, tool.input_schema) for tool in request.tools
+        ]
+    else:
+        schemas = [_responses_tool(tool.model_dump(mode="json")) for tool in request.tools]
     return orjson.dumps(schemas, option=orjson.OPT_SORT_KEYS)
 
 
+def _as_chat_tool(
+    name: str, extra: dict[str, object] | None, parameters: object
+) -> dict[str, object]:
+    function: dict[str, object] = {"name": name, "parameters": parameters}
+    for key in ("description", "strict"):
+        if extra and extra.get(key) is not None:
+            function[key] = extra[key]
+    return {"type": "function", "function": function}
+
+
+def _responses_tool(tool: dict[str, object]) -> dict[str, object]:
+    """A Responses function tool (flat) in chat's shape; a built-in tool as it came."""
+    name = tool.get("name")
+    if tool.get("type") != "function" or not isinstance(name, str):
+        return {k: v for k, v in tool.items() if v is not None}
+    return _as_chat_tool(name, tool, tool.get("parameters"))
+
+
 def _response_format(request: AnyRequest) -> tuple[ResponseFormat, str]:
-    if isinstance(request, CompletionRequest) or request.response_format is None:
+    if isinstance(request, ResponsesRequest):
+        spec = request.text.format if request.text else None
+        if spec is None:
+            return ResponseFormat.TEXT, ""
+        return _FORMATS.get(spec.type, ResponseFormat.TEXT), spec.name
+    if not isinstance(request, ChatRequest) or request.response_format is None:
         return ResponseFormat.TEXT, ""
-    spec = request.response_format
-    schema = spec.json_schema.name if spec.json_schema else ""
-    return _FORMATS.get(spec.type, ResponseFormat.TEXT), schema
+    asked = request.response_format
+    schema = asked.json_schema.name if asked.json_schema else ""
+    return _FORMATS.get(asked.type, ResponseFormat.TEXT), schema
+
+
+def _thinks(request: AnyRequest) -> bool:
+    """Whether the request asks for reasoning before the answer: Anthropic's ``thinking``,
+    OpenAI's ``reasoning`` (Responses) or ``reasoning_effort`` (chat)."""
+    if isinstance(request, MessagesRequest):
+        return bool(request.thinking) and (request.thinking or {}).get("type") != "disabled"
+    extra = request.model_extra or {}
+    return bool(extra.get("reasoning") or extra.get("reasoning_effort"))

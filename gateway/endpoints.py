@@ -1,5 +1,5 @@
-"""The OpenAI APIs speclane serves, in one table: a short name, the HTTP path, and how the
-body parses.
+"""The APIs speclane routes, in one table: a short name, the HTTP path, and how the body
+parses. OpenAI's chat and text completions and Responses, and Anthropic's Messages.
 
 Both explain forms (``speclane policy explain --endpoint`` and ``POST
 /admin/policy/explain``'s ``endpoint``) take either the short name (``chat``) or the path
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.schema import Kind
-from policies.features import Endpoint
+from policies.features import API_NAMES, Endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,11 +21,20 @@ class Api:
     kind: Kind
 
 
-APIS = (
-    Api("chat", Endpoint.CHAT, "chat"),
-    Api("completions", Endpoint.COMPLETIONS, "completion"),
-)
+_KINDS: dict[Endpoint, Kind] = {
+    Endpoint.CHAT: "chat",
+    Endpoint.COMPLETIONS: "completion",
+    Endpoint.MESSAGES: "messages",
+    Endpoint.RESPONSES: "responses",
+}
+APIS = tuple(Api(name, path, _KINDS[path]) for name, path in API_NAMES.items())
 CHOICES = tuple(word for api in APIS for word in (api.name, api.path.value))
+_BY_PATH = {api.path.value: api.name for api in APIS}
+
+
+def api_of(path: str) -> str:
+    """The short name of the API served at ``path``; empty for any other path."""
+    return _BY_PATH.get(path, "")
 
 
 def named(word: str) -> Api:

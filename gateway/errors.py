@@ -4,7 +4,10 @@ has decided what to do about them (fail over, retry a broken answer), and only t
 an ``ApiError``, here, in ``from_backend`` and ``broke``.
 
     ApiError(status=, message=, type=, param=, code=)   -> {"error": {...}} with that status
-     │ the OpenAI routes (gateway/pipeline.py, gateway/schema.py, gateway/gate.py,
+     │                                      (on Anthropic's routes, /v1/messages...,
+     │                                      {"type": "error", "error": {"type", "message"}},
+     │                                      the type named by the status: ``ANTHROPIC``)
+     │ the model routes (gateway/pipeline.py, gateway/schema.py, gateway/gate.py,
      │ gateway/identity.py)
      ├── 400 invalid_request_error          bad JSON, a bad field (``param`` names it)
      ├── 401 invalid_api_key                 no valid API key where keys are required
@@ -73,6 +76,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import orjson
 from starlette.requests import Request
@@ -90,6 +94,22 @@ from backends.errors import (
 
 JSON = "application/json"
 BROKEN = "upstream_stream_broken"
+Shape = Literal["openai", "anthropic"]
+# Anthropic's error type for each status the gateway answers with; any other is api_error
+ANTHROPIC = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def shape_of(path: str) -> Shape:
+    """The error shape of the API served at ``path``: Anthropic's under ``/v1/messages``."""
+    return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
 
 
 class UpstreamErrorEvent(Exception):
@@ -112,7 +132,10 @@ class ApiError(Exception):
     retry_after_s: float | None = None
     headers: dict[str, str] | None = None
 
-    def body(self) -> dict[str, object]:
+    def body(self, shape: Shape = "openai") -> dict[str, object]:
+        if shape == "anthropic":
+            kind = ANTHROPIC.get(self.status, "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {
                 "message": self.message,
@@ -122,16 +145,18 @@ class ApiError(Exception):
             }
         }
 
-    def response(self, headers: dict[str, str] | None = None) -> Response:
+    def response(self, headers: dict[str, str] | None = None, shape: Shape = "openai") -> Response:
         if self.headers:
             headers = {**self.headers, **(headers or {})}
         if self.retry_after_s is not None:
             headers = {**(headers or {}), "retry-after": str(math.ceil(self.retry_after_s))}
-        return Response(orjson.dumps(self.body()), self.status, headers, media_type=JSON)
+        return Response(orjson.dumps(self.body(shape)), self.status, headers, media_type=JSON)
 
-    def sse(self) -> bytes:
-        """The final event of a stream that failed after its first byte."""
-        return b"data: " + orjson.dumps(self.body()) + b"\n\n"
+    def sse(self, shape: Shape = "openai") -> bytes:
+        """The final event of a stream that failed after its first byte (Anthropic's names
+        its event ``error``)."""
+        data = b"data: " + orjson.dumps(self.body(shape)) + b"\n\n"
+        return b"event: error\n" + data if shape == "anthropic" else data
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -190,9 +215,12 @@ def _server_error(
     )
 
 
-def rejected(exc: UpstreamRejected, headers: dict[str, str] | None = None) -> Response:
+def rejected(
+    exc: UpstreamRejected, headers: dict[str, str] | None = None, shape: Shape = "openai"
+) -> Response:
     """An upstream 4xx (or an error event that opened its stream), passed on with its own
-    body when that body is an error object; ``headers`` say who answered."""
+    body when that body is an error object (OpenAI's or Anthropic's); ``headers`` say who
+    answered."""
     try:
         body = orjson.loads(exc.body)
     except orjson.JSONDecodeError:
@@ -200,7 +228,8 @@ def rejected(exc: UpstreamRejected, headers: dict[str, str] | None = None) -> Re
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return Response(exc.body, exc.status, headers, media_type=JSON)
     message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
-    return ApiError(status=exc.status, message=message, code="upstream_rejected").response(headers)
+    error = ApiError(status=exc.status, message=message, code="upstream_rejected")
+    return error.response(headers, shape)
 
 
 def response_not_found(response_id: str) -> Response:
@@ -223,10 +252,10 @@ def route_not_found(status: int = 404) -> Response:
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return exc.response(shape=shape_of(request.scope["path"]))
 
 
-def internal_error() -> Response:
-    """The answer to a bug: no traceback, no detail, OpenAI's shape."""
-    error = {"message": "internal error", "type": "server_error", "param": None, "code": None}
-    return Response(orjson.dumps({"error": error}), 500, media_type=JSON)
+def internal_error(path: str = "") -> Response:
+    """The answer to a bug: no traceback, no detail, in the shape of the API at ``path``."""
+    error = ApiError(status=500, message="internal error", type="server_error")
+    return error.response(shape=shape_of(path))

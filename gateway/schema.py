@@ -1,4 +1,6 @@
-"""Step 2 of a request: parse and validate the body (OpenAI request subset).
+"""Step 2 of a request: parse and validate the body (the subset of OpenAI's chat,
+completions and Responses requests, and of Anthropic's Messages requests, that routing
+reads).
 
 Only the fields routing reads are validated; every other field (``tool_choice``,
 ``logprobs``, vendor extras) is kept and passed upstream untouched (``extra="allow"``).
@@ -87,8 +89,100 @@ class CompletionRequest(_Sampling):
         return self.max_tokens
 
 
-Kind = Literal["chat", "completion"]
-AnyRequest = ChatRequest | CompletionRequest
+class AnthropicTool(_Open):
+    name: Annotated[str, Field(min_length=1)]
+    input_schema: dict[str, Any]
+
+
+class AnthropicMessage(_Open):
+    role: Annotated[str, Field(min_length=1)]
+    content: str | list[dict[str, Any]]
+
+
+class MessagesRequest(_Open):
+    """Anthropic's ``POST /v1/messages``: ``max_tokens`` is required, ``system`` is apart
+    from ``messages``, tools say ``input_schema``. ``metadata.user_id`` is the user."""
+
+    model: Annotated[str, Field(min_length=1)]
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)]
+    system: str | list[dict[str, Any]] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stream: bool = False
+    tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    n: int = 1
+    response_format: None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def user(self) -> str | None:
+        user = (self.metadata or {}).get("user_id")
+        return user if isinstance(user, str) and user else None
+
+    @property
+    def include_usage(self) -> bool:
+        return True
+
+
+class ResponsesTool(_Open):
+    type: Annotated[str, Field(min_length=1)]
+    name: str | None = None
+
+
+class TextFormat(_Open):
+    type: str = "text"
+    name: str = ""
+
+
+class TextSpec(_Open):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(_Open):
+    """OpenAI's ``POST /v1/responses``: ``input`` is a string or a list of items,
+    ``instructions`` the system prompt, ``text.format`` the response format, function tools
+    are flat (``name``, ``parameters``)."""
+
+    model: Annotated[str, Field(min_length=1)]
+    input: (
+        Annotated[str, Field(min_length=1)] | Annotated[list[dict[str, Any]], Field(min_length=1)]
+    )
+    instructions: str | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    stream: bool = False
+    tools: list[ResponsesTool] | None = None
+    text: TextSpec | None = None
+    user: str | None = None
+    previous_response_id: str | None = None
+    n: int = 1
+    response_format: None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_output_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return True
+
+
+Kind = Literal["chat", "completion", "messages", "responses"]
+AnyRequest = ChatRequest | CompletionRequest | MessagesRequest | ResponsesRequest
+_MODELS: dict[str, type[AnyRequest]] = {
+    "chat": ChatRequest,
+    "completion": CompletionRequest,
+    "messages": MessagesRequest,
+    "responses": ResponsesRequest,
+}
 
 
 def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
@@ -101,7 +195,7 @@ def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
         raise bad_request("the body must be a JSON object")
     if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _deeper_than(payload, MAX_DEPTH):
         raise bad_request(f"the body is nested deeper than {MAX_DEPTH} levels")
-    model = ChatRequest if kind == "chat" else CompletionRequest
+    model = _MODELS[kind]
     try:
         return model.model_validate(payload), payload
     except ValidationError as exc:

@@ -32,7 +32,12 @@ from gateway.state.policyfile import PolicyHolder
 @dataclass(slots=True)
 class Services:
     """Everything a running gateway is made of; ``outcomes`` and ``signals`` are where its
-    feedback goes."""
+    feedback goes.
+
+    ``pins`` learns, once per answer of the Responses API (``POST /v1/responses``), the id
+    the upstream stored it under and the base URL of the endpoint that stored it
+    (``ResponsePins.keep``, from the answer's measurement); a request that continues a
+    stored response goes where ``pins`` says (``Ask.pinned``, ``gateway/pipeline.py``)."""
 
     settings: Settings
     clock: Callable[[], float]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from policies.engines import engine_problems
+from policies.features import API_NAMES
 from policies.match import LISTS, RANGES, covers, satisfiable
 from policies.model import (
     ANONYMOUS,
@@ -238,6 +239,20 @@ def _match_problems(match: Match, at: Path) -> Iterator[Problem]:
         if getattr(match, name) == []:
             message = "an empty list matches nothing"
             yield Problem((*at, name), message, "remove the key", code="empty-list")
+    yield from _endpoint_problems(match, at)
+
+
+_API_PATHS = {path.value for path in API_NAMES.values()}
+
+
+def _endpoint_problems(match: Match, at: Path) -> Iterator[Problem]:
+    """An endpoint that looks like an API path but is none speclane serves matches nothing
+    (an ``x-speclane-endpoint`` value may be any word, so only paths are checked)."""
+    for i, value in enumerate(match.endpoint or ()):
+        if value.startswith("/") and value not in _API_PATHS:
+            message = f"no API is served at {value!r}: this value matches nothing"
+            hint = f"name an API: {', '.join(API_NAMES)} (or its path)"
+            yield Problem((*at, "endpoint", i), message, hint, Severity.WARNING, code="endpoint")
 
 
 def _model_problems(policy: PolicyFile) -> Iterator[Problem]:

@@ -113,9 +113,8 @@ def conditions(match: Match, features: Features) -> Iterator[Condition]:
         wanted: list[Any] | None = getattr(match, name)
         if wanted is not None:
             value = getattr(features, name)
-            yield Condition(
-                name, f"in [{', '.join(map(str, wanted))}]", str(value), value in wanted
-            )
+            found = value in wanted or (name == "endpoint" and features.api in wanted)
+            yield Condition(name, f"in [{', '.join(map(str, wanted))}]", str(value), found)
     if match.stream is not None:
         wanted_stream = str(match.stream).lower()
         got_stream = str(features.stream).lower()

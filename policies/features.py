@@ -19,10 +19,22 @@ class ResponseFormat(StrEnum):
 
 
 class Endpoint(StrEnum):
-    """The OpenAI API the request came in on."""
+    """The API the request came in on: OpenAI's chat and text completions and Responses,
+    Anthropic's Messages."""
 
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    MESSAGES = "/v1/messages"
+    RESPONSES = "/v1/responses"
+
+
+# the short name of each API: what a rule's ``endpoint`` may say instead of the path
+API_NAMES = {
+    "chat": Endpoint.CHAT,
+    "completions": Endpoint.COMPLETIONS,
+    "messages": Endpoint.MESSAGES,
+    "responses": Endpoint.RESPONSES,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +42,21 @@ class Features:
     """One request as the policy sees it.
 
     ``endpoint`` is the HTTP path, or the product endpoint a caller names in the
-    ``x-speclane-endpoint`` header. ``temperature`` and ``top_p`` already hold the backend's
-    defaults when the request left them out. ``tenant`` comes from a source the operator
-    trusts (``gateway/identity.py``), never from the body. ``routing_key`` is what percentage
-    rollouts hash: who the request comes from by that source (the tenant), and empty for
-    ``anonymous``, which is outside every partial rollout; nothing in the body changes it.
-    ``user`` is the body's ``user``, which only keeps one user in one experiment arm.
+    ``x-speclane-endpoint`` header; ``api`` is the short name of the API the request came
+    in on (``API_NAMES``), whatever the header says: a rule's ``endpoint`` matches either.
+    ``temperature`` and ``top_p`` already hold the backend's defaults when the request left
+    them out. ``tenant`` comes from a source the operator trusts (``gateway/identity.py``),
+    never from the body. ``routing_key`` is what percentage rollouts hash: who the request
+    comes from by that source (the tenant), and empty for ``anonymous``, which is outside
+    every partial rollout; nothing in the body changes it. ``user`` is the body's ``user``
+    (Anthropic's ``metadata.user_id``), which only keeps one user in one experiment arm.
+    ``thinking``: the request asks for reasoning before its answer (Anthropic's
+    ``thinking``, OpenAI's ``reasoning``).
     """
 
     endpoint: str
     model: str
+    api: str = ""
     temperature: float = 1.0
     top_p: float = 1.0
     tools: tuple[str, ...] = ()
@@ -55,6 +72,7 @@ class Features:
     user: str = ""
     request_id: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
+    thinking: bool = False
 
     @property
     def has_tools(self) -> bool:

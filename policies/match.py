@@ -44,7 +44,11 @@ def _tools(match: Match, features: Features) -> bool:
 def matches(match: Match, features: Features) -> bool:
     """True when every condition of ``match`` holds for ``features``."""
     return (
-        (match.endpoint is None or features.endpoint in match.endpoint)
+        (
+            match.endpoint is None
+            or features.endpoint in match.endpoint
+            or features.api in match.endpoint
+        )
         and (match.model is None or features.model in match.model)
         and (match.response_format is None or features.response_format in match.response_format)
         and (match.stream is None or features.stream == match.stream)
@@ -140,6 +144,16 @@ class _Choice:
         return self._table.get(self._get(features), self._default)
 
 
+class _Door(_Choice):
+    """The endpoint: a rule's list may name the path (or header value) or the API."""
+
+    __slots__ = ()
+
+    def mask(self, features: Features) -> int:
+        table, free = self._table, self._default
+        return table.get(features.endpoint, free) | table.get(features.api, free)
+
+
 class _Span:
     """A numeric feature compared with inclusive ranges: breakpoints -> rules accepting it."""
 
@@ -219,7 +233,7 @@ def _bits_where(matches_: Sequence[Match], test: Callable[[Match], bool]) -> int
     return sum(1 << i for i, match in enumerate(matches_) if test(match))
 
 
-def _choice(matches_: Sequence[Match], field: str) -> _Choice | None:
+def _choice(matches_: Sequence[Match], field: str, kind: type[_Choice] = _Choice) -> _Choice | None:
     lists = [getattr(match, field) for match in matches_]
     if all(values is None for values in lists):
         return None
@@ -231,7 +245,7 @@ def _choice(matches_: Sequence[Match], field: str) -> _Choice | None:
             continue
         for value in values if isinstance(values, list) else [values]:
             table[value] = table.get(value, 0) | 1 << i
-    return _Choice(attrgetter(field), table, free)
+    return kind(attrgetter(field), table, free)
 
 
 _RANGES = {
@@ -244,7 +258,10 @@ _RANGES = {
 
 def _dimensions(matches_: Sequence[Match]) -> list[_Dimension]:
     words = ("model", "endpoint", "response_format", "stream", "tenant")
-    found: list[_Dimension | None] = [_choice(matches_, field) for field in words]
+    found: list[_Dimension | None] = [
+        _choice(matches_, field, _Door if field == "endpoint" else _Choice) for field in words
+    ]
+
     for field, feature in _RANGES.items():
         ranges: list[Range | None] = [getattr(match, field) for match in matches_]
         if any(r is not None for r in ranges):

@@ -84,7 +84,8 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
     m.Range: {"min": "smallest value that matches (inclusive)", "max": "largest (inclusive)"},
     m.ToolNames: {"names": "matches when the request offers at least one of these tools"},
     m.Match: {
-        "endpoint": "HTTP paths or x-speclane-endpoint header values",
+        "endpoint": "APIs by name (chat, completions, messages, responses), HTTP paths, or "
+        "x-speclane-endpoint header values",
         "model": "model names as clients send them",
         "temperature": _RANGE + " (the backend default when the request has none)",
         "top_p": _RANGE,

@@ -1,6 +1,7 @@
 """The simulated vLLM as a Starlette app: ``create_app(config)`` and ``serve(config, host, port)``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``serving.SimServer``),
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``,
+``POST /v1/messages/count_tokens``, ``POST /v1/responses`` (``serving.SimServer``),
 ``GET /v1/models`` (each engine's ``owned_by``), ``GET /health``, ``GET /metrics`` (vLLM names,
 app-owned registry), ``GET /version`` (vLLM-shaped engines), ``GET /server_info`` (SGLang),
 ``GET /prometheus/metrics`` (TensorRT-LLM), and the simulator's own ``GET /sim/state`` /
@@ -50,7 +51,6 @@ from backends.sim.engine_pages import (
 from backends.sim.metrics import CONTENT_TYPE, build_registry, exposition, registry_of
 from backends.sim.other_routes import OtherRoutes, not_found
 from backends.sim.serving import SimServer
-from backends.sim.stored import Stored
 from backends.sim.validation import SimHTTPError, bad_request
 from backends.sim.workload import Workload
 
@@ -252,7 +252,7 @@ def create_app(
     """A simulated vLLM server; the clocks and sleep are seams for tests."""
     sim = SimServer(config, clock=clock, sleep=sleep, wall_clock=wall_clock)
     admin = _Admin(sim, wall_clock)
-    stored = Stored()
+    stored = sim.stored  # what POST /v1/responses keeps
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -262,6 +262,9 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
+        Route("/v1/messages", sim.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", sim.count_tokens, methods=["POST"]),
+        Route("/v1/responses", sim.responses, methods=["POST"]),
         Route("/v1/models", admin.models, methods=["GET"]),
         Route("/health", admin.health, methods=["GET"]),
         Route("/metrics", admin.metrics, methods=["GET"]),

@@ -5,6 +5,8 @@ runtime overrides and faults, counters); ``backends/sim/server.py`` wires its en
 a Starlette app. A streamed answer is the role chunk (chat), one chunk per engine step (with
 ``stream_interval`` > 1, tokens wait until that many are ready; the first token and the
 last chunk always go at once, as in vLLM), an optional usage chunk and ``[DONE]``.
+Anthropic's Messages and OpenAI's Responses requests become chat requests and their
+answers are the chat answers converted, as vLLM serves them (``backends/sim/agents.py``).
 Zero-latency mode renders the whole answer at once, without the batch. Like vLLM, an
 answer's id is the client's ``X-Request-Id`` when it sends one.
 
@@ -22,10 +24,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backends.sim import dialects
+from backends.sim import api_messages, dialects
+from backends.sim.agents import AgentApi, Converter, MessagesApi, ResponsesApi
+from backends.sim.api_responses import Histories
 from backends.sim.asgi import SSE_MEDIA_TYPE, DeferredJSON, EventStream
 from backends.sim.config import Faults, SimConfig
 from backends.sim.engine import (
@@ -44,9 +49,16 @@ from backends.sim.logprobs import prompt_ids
 from backends.sim.model import base_acceptance, build_profile, draw
 from backends.sim.pacing import Chunker, Span, timings
 from backends.sim.responses import DONE, Answer, ChunkWriter, Timings, whole_body
+from backends.sim.stored import Stored
 from backends.sim.text import TextBank
 from backends.sim.validation import Ask, SimHTTPError, parse
-from backends.sim.workload import Workload, prompt_text, schema_properties, tool_parameters
+from backends.sim.workload import (
+    Workload,
+    estimate_prompt_tokens,
+    prompt_text,
+    schema_properties,
+    tool_parameters,
+)
 
 
 @dataclass(slots=True)
@@ -98,6 +110,8 @@ class SimServer:
         self.overrides: dict[Workload, float] = {}
         self.faults: Faults = config.faults
         self.outcomes = Outcomes()
+        self.histories = Histories()  # the conversations of the Responses answers made
+        self.stored = Stored()  # and their bodies (GET /v1/responses/{id})
         # vLLM with --otlp-traces-endpoint parents its llm_request span on this header
         self.traceparents: deque[str] = deque(maxlen=64)
         self._fault_rng = random.Random(f"{config.seed}:faults")
@@ -168,14 +182,42 @@ class SimServer:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
 
-    async def _generate(self, request: Request, *, chat: bool) -> Response:
+    async def messages(self, request: Request) -> Response:
+        return await self._generate(request, chat=True, api=MessagesApi())
+
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(
+            request, chat=True, api=ResponsesApi(self.histories, self.stored, self._now())
+        )
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the prompt's tokens, as the chat request the
+        Messages request becomes would count them."""
+        try:
+            chat = api_messages.chat_request(await request.body(), count=True)
+            if chat["model"] not in self.config.served_model_names:
+                message = f"The model `{chat['model']}` does not exist."
+                raise SimHTTPError(404, message, "NotFoundError", "model")
+        except SimHTTPError as err:
+            body = api_messages.error_body(err)
+            return Response(body, err.status, media_type="application/json")
+        tokens = estimate_prompt_tokens(chat)
+        return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
+
+    def _now(self) -> int:
+        return int(self._wall())
+
+    async def _generate(
+        self, request: Request, *, chat: bool, api: AgentApi | None = None
+    ) -> Response:
         config = self.config
         traceparent = request.headers.get("traceparent")
         if traceparent is not None:
             self.traceparents.append(traceparent)
         try:
+            body = await request.body()
             ask = parse(
-                await request.body(),
+                body if api is None else api.chat_body(body),
                 chat=chat,
                 names=config.served_model_names,
                 default_max_tokens=config.default_max_tokens,
@@ -183,25 +225,29 @@ class SimServer:
                 max_logprobs=config.max_logprobs,
             )
             if ask.deferred is not None:
-                return self._refused(ask.deferred, ask.stream)
+                return self._refused(ask.deferred, ask.stream and api is None)
             drawn = self._draw_faults()
         except SimHTTPError as err:
             self.outcomes.rejected += err.status < 500
-            return Response(err.body, err.status, media_type="application/json")
+            body = err.body if api is None else api.error(err)
+            return Response(body, err.status, media_type="application/json")
         job = self._job(ask, request.headers.get("x-request-id"))
         if drawn.spike_s:
             await self._sleep(drawn.spike_s)
         if drawn.hang:
             return _hang(ask.stream, partial(self._close, job))
         if ask.stream:
-            return self._stream(job, drawn)
+            return self._stream(job, drawn, None if api is None else api.stream(job.answer))
         if config.zero_latency and drawn.cut_after is None:
             self._run_alone(job)
             self._close(job)
-            return Response(self._body(job), media_type="application/json")
-        return DeferredJSON(
-            partial(self._wait_body, job), partial(self._close, job), self._whole_cut(drawn)
-        )
+            return Response(self._converted(job, api), media_type="application/json")
+        wait = partial(self._wait_body, job, api)
+        return DeferredJSON(wait, partial(self._close, job), self._whole_cut(drawn))
+
+    def _converted(self, job: Job, api: AgentApi | None) -> bytes:
+        body = self._body(job)
+        return body if api is None else api.whole(job.answer, body)
 
     def _whole_cut(self, drawn: _Drawn) -> str | None:
         """A dying or stalling server breaks a whole answer too: halfway through its body."""
@@ -334,10 +380,10 @@ class SimServer:
         body = whole_body(job.answer, endings, job.completion_tokens, tally, times)
         return dialects.whole(self.config.engine, body, _per_step(job), self._sglang_ext(job))
 
-    async def _wait_body(self, job: Job) -> bytes:
+    async def _wait_body(self, job: Job, api: AgentApi | None = None) -> bytes:
         async for _ in self._events(job):
             pass
-        return self._body(job)
+        return self._converted(job, api)
 
     async def _events(self, job: Job) -> AsyncIterator[Event]:
         if self.config.zero_latency:
@@ -354,8 +400,11 @@ class SimServer:
             yield event
             running -= event[1].finished
 
-    def _stream(self, job: Job, drawn: _Drawn) -> Response:
+    def _stream(self, job: Job, drawn: _Drawn, converter: Converter | None = None) -> Response:
+        """``converter``: the chat chunks become another API's events."""
         on_close = partial(self._close, job)
+        if converter is not None:
+            return self._stream_as(job, drawn, converter)
         if drawn.cut_after is not None:
             head = _first(self._chunks(job), drawn.cut_after)
             if drawn.stall:
@@ -374,6 +423,23 @@ class SimServer:
         if engine.vllm_shaped:
             return EventStream(self._chunks(job), on_close)
         return EventStream(_in_dialect(engine, job, self._chunks(job)), on_close)
+
+    def _stream_as(self, job: Job, drawn: _Drawn, converter: Converter) -> Response:
+        on_close = partial(self._close, job)
+        if self.config.zero_latency and drawn.cut_after is None:
+            events = self._run_alone(job)
+            self._close(job)
+            rendered = self._render(job, events)
+            return Response(b"".join(map(converter.feed, rendered)), media_type=SSE_MEDIA_TYPE)
+        chunks = _fed(self._chunks(job), converter)
+        if drawn.cut_after is None:
+            return EventStream(chunks, on_close)
+        head = _first(chunks, drawn.cut_after)
+        if drawn.stall:
+            self.outcomes.stalls += 1
+            return EventStream(_then_silence(head), on_close)
+        self.outcomes.drops += 1
+        return EventStream(head, on_close, complete=False)
 
     async def _chunks(self, job: Job) -> AsyncGenerator[bytes, None]:
         writers, chunkers = (
@@ -459,6 +525,16 @@ async def _in_dialect(
         async for event in source:
             for rewritten in dialects.chunk(engine, event, _per_step(job)):
                 yield rewritten
+
+
+async def _fed(
+    chunks: AsyncGenerator[bytes, None], converter: Converter
+) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(chunks) as source:
+        async for chunk in source:
+            converted = converter.feed(chunk)
+            if converted:
+                yield converted
 
 
 def _tagged(inbox: asyncio.Queue[Event], index: int, event: StepEvent) -> None:

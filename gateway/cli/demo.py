@@ -22,6 +22,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--duration", type=float, default=60.0, help="seconds of traffic (default 60)")
     add("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    add(
+        "--agents",
+        type=int,
+        default=1,
+        help="coding agents beside them: tool use over several turns on /v1/messages (default 1)",
+    )
     add("--seed", type=int, default=7, help="seed of the request mix and the sims")
     add(
         "--time-scale",
@@ -42,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     options = Options(
         duration=args.duration,
         concurrency=args.concurrency,
+        agents=args.agents,
         seed=args.seed,
         time_scale=args.time_scale,
         keep=args.keep,
@@ -62,6 +69,8 @@ def _check(options: Options) -> str | None:
         return "--duration must be positive"
     if options.concurrency < 1:
         return "--concurrency must be at least 1"
+    if options.agents < 0:
+        return "--agents must not be negative"
     if options.time_scale <= 0:
         return "--time-scale must be positive"
     try:

@@ -152,7 +152,11 @@ def features_from(
     pairs: dict[str, str], policy: CompiledPolicy, endpoint: str, headers: dict[str, str]
 ) -> Features:
     """Features set directly (``temperature=0.2 tools=a,b context_tokens=20000``)."""
-    values: dict[str, Any] = {"endpoint": endpoint, "headers": headers}
+    values: dict[str, Any] = {
+        "endpoint": endpoint,
+        "api": endpoints.api_of(endpoint),
+        "headers": headers,
+    }
     for key, text in pairs.items():
         name = "prompt_tokens" if key == "context_tokens" else key
         if name not in _FIELDS:
@@ -177,7 +181,7 @@ def _value(name: str, text: str) -> Any:
             return int(text)
         if name == "max_tokens":
             return None if text.lower() in ("", "none") else int(text)
-        if name == "stream":
+        if name in ("stream", "thinking"):
             return _boolean(text)
         if name == "tools":
             return tuple(t for t in text.split(",") if t)

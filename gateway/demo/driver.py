@@ -22,8 +22,10 @@ from typing import Any
 import httpx
 import orjson
 
+from backends.sim.agents import chat_of
 from backends.sim.model import DEFAULT_BASE
 from backends.sim.workload import Workload
+from gateway.demo import agent
 from gateway.demo.workload import DemoRequest, Mix
 
 COLLAPSED_ACCEPTANCE = 0.05
@@ -101,9 +103,13 @@ async def run(
     drift: Drift,
     poll_s: float = 0.5,
     drain_s: float = 30.0,
+    agents: int = 0,
+    seed: int = 0,
 ) -> None:
     """Send traffic for ``state.duration_s`` seconds, then give requests in flight
-    ``drain_s`` more to finish (the rest are cancelled, unrecorded); fills ``state``."""
+    ``drain_s`` more to finish (the rest are cancelled, unrecorded); fills ``state``.
+    ``agents`` coding agents (``gateway/demo/agent.py``) run beside the mix's
+    ``concurrency`` workers, each one conversation at a time."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(120.0, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
@@ -115,9 +121,10 @@ async def run(
             asyncio.create_task(_watch(client, target, state, poll_s)),
         ]
         try:
-            workers = (
-                _worker(client, target.gateway, mix, counter, state) for _ in range(concurrency)
-            )
+            workers = [
+                *(_worker(client, target.gateway, mix, counter, state) for _ in range(concurrency)),
+                *(_agent(client, target.gateway, counter, state, seed) for _ in range(agents)),
+            ]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*workers), state.duration_s + drain_s)
         finally:
@@ -139,6 +146,91 @@ async def _worker(
         state.results.append(await send(client, url, request, state.elapsed))
 
 
+async def _agent(
+    client: httpx.AsyncClient, url: str, counter: itertools.count[int], state: RunState, seed: int
+) -> None:
+    """One coding agent: conversations of several turns over ``/v1/messages``."""
+    while state.elapsed() < state.duration_s:
+        talk = agent.Conversation.start(next(counter), seed)
+        going = True
+        while going and state.elapsed() < state.duration_s:
+            body = talk.body()
+            request = DemoRequest(next(counter), Workload.TOOLS, body, {})
+            result, content = await send_messages(client, url, request, state.elapsed)
+            state.results.append(result)
+            going = result.ok and talk.answered(content)
+
+
+async def send_messages(
+    client: httpx.AsyncClient, url: str, request: DemoRequest, now: Callable[[], float]
+) -> tuple[Result, list[dict[str, Any]]]:
+    """Send one streamed Messages request; the result (its body as the chat request the
+    pools run, which the demo's pricing reads) and the answer's content blocks."""
+    body = dict(request.body)
+    result = Result(request.index, request.workload, now(), chat_of(agent.PATH, body))
+    sent = time.perf_counter()
+    content: list[dict[str, Any]] = []
+    try:
+        async with client.stream("POST", url + agent.PATH, json=body) as response:
+            _headers(result, response)
+            if response.status_code != 200:
+                result.error = (await response.aread()).decode(errors="replace")[:200]
+            else:
+                content = await _read_events(response, result, sent)
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.done_at = now()
+    return result, content
+
+
+def _headers(result: Result, response: httpx.Response) -> None:
+    result.status = response.status_code
+    h = response.headers
+    result.pool, result.rule = h.get("x-speclane-pool", ""), h.get("x-speclane-rule", "")
+    result.slice, result.reason = h.get("x-speclane-slice", ""), h.get("x-speclane-reason", "")
+
+
+async def _read_events(
+    response: httpx.Response, result: Result, sent: float
+) -> list[dict[str, Any]]:
+    """An Anthropic event stream: the content blocks it made, timed as chunks are."""
+    blocks: list[dict[str, Any]] = []
+    inputs: list[str] = []
+    first = last = None
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = orjson.loads(line[6:])
+        kind = event.get("type")
+        if kind == "error":
+            result.error = str(event.get("error"))[:200]
+            return []
+        if kind == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+            inputs.append("")
+        elif kind == "content_block_delta" and blocks:
+            delta = event["delta"]
+            last = time.perf_counter()
+            first = first or last
+            if delta.get("type") == "input_json_delta":
+                inputs[-1] += delta.get("partial_json") or ""
+            else:
+                blocks[-1]["text"] = blocks[-1].get("text", "") + (delta.get("text") or "")
+        elif kind == "message_delta":
+            result.completion_tokens = int((event.get("usage") or {}).get("output_tokens") or 0)
+    for block, given in zip(blocks, inputs, strict=True):
+        if block.get("type") == "tool_use":
+            try:
+                block["input"] = orjson.loads(given or "{}")
+            except orjson.JSONDecodeError:
+                block["input"] = {}
+    if first is not None and last is not None:
+        result.ttft_s = first - sent
+        if result.completion_tokens > 1:
+            result.tpot_s = (last - first) / (result.completion_tokens - 1)
+    return blocks
+
+
 async def send(
     client: httpx.AsyncClient, url: str, request: DemoRequest, now: Callable[[], float]
 ) -> Result:
@@ -149,13 +241,7 @@ async def send(
         async with client.stream(
             "POST", url + "/v1/chat/completions", json=request.body, headers=request.headers
         ) as response:
-            result.status = response.status_code
-            h = response.headers
-            result.pool, result.rule = h.get("x-speclane-pool", ""), h.get("x-speclane-rule", "")
-            result.slice, result.reason = (
-                h.get("x-speclane-slice", ""),
-                h.get("x-speclane-reason", ""),
-            )
+            _headers(result, response)
             if response.status_code != 200:
                 result.error = (await response.aread()).decode(errors="replace")[:200]
             else:

@@ -10,6 +10,7 @@ from pathlib import Path
 class Options:
     duration: float = 60.0
     concurrency: int = 8
+    agents: int = 1  # coding agents speaking /v1/messages beside the mix
     seed: int = 7
     time_scale: float = 0.25
     keep: bool = False

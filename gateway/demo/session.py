@@ -104,6 +104,8 @@ async def _drive(console: Console, options: Options, tuning: Tuning, stack: Stac
                 state,
                 concurrency=options.concurrency,
                 drift=drift,
+                agents=options.agents,
+                seed=options.seed,
                 poll_s=max(0.1, min(0.5, options.duration / 60)),
             )
         finally:

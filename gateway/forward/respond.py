@@ -19,9 +19,15 @@ from contextlib import asynccontextmanager
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import shutting_down
+from gateway.errors import Shape, shutting_down
 
-_CUT = shutting_down("the gateway shut down before the answer finished").sse()
+_CUT_MESSAGE = "the gateway shut down before the answer finished"
+_CUT = shutting_down(_CUT_MESSAGE).sse()
+
+
+def cut_event(shape: Shape) -> bytes:
+    """The final event of a stream the gateway's stop cut, in the shape of its API."""
+    return shutting_down(_CUT_MESSAGE).sse(shape)
 
 
 class Disconnect:
@@ -63,17 +69,20 @@ async def cancelled_on_disconnect(receive: Receive) -> AsyncIterator[Disconnect]
 class SSEResponse:
     """A ``text/event-stream`` response fed by an async iterator of bytes."""
 
-    __slots__ = ("_body", "_finished", "_headers")
+    __slots__ = ("_body", "_cut", "_finished", "_headers")
 
     def __init__(
         self,
         body: AsyncIterator[bytes],
         headers: Mapping[str, str],
         finished: Callable[[], bool] = lambda: False,
+        cut: bytes = _CUT,
     ) -> None:
         """``finished()`` true right after a chunk means it was the last: it goes out with
-        the end of the response, which saves the server one empty write."""
+        the end of the response, which saves the server one empty write. ``cut``: the last
+        event of a stream the server's stop cuts (``cut_event``)."""
         self._body = body
+        self._cut = cut
         self._finished = finished
         self._headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -101,7 +110,9 @@ class SSEResponse:
             # its drain time. The stream ends with an error event, not silently truncated.
             if started and not ended:
                 with contextlib.suppress(Exception):
-                    await send({"type": "http.response.body", "body": _CUT, "more_body": False})
+                    await send(
+                        {"type": "http.response.body", "body": self._cut, "more_body": False}
+                    )
             raise
         finally:
             await _close(body)

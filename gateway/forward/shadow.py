@@ -8,7 +8,9 @@ cannot delay the answer; it has its own timeout, and the lifespan cancels the re
 shutdown.
 
 When the client's request was greedy, the mirror's text goes to the correctness canary
-(``gateway/measure/canary.py``) to be compared with the text the client got.
+(``gateway/measure/canary.py``) to be compared with the text the client got (chat and
+completions). A Messages or Responses mirror is read event by event in its API's dialect
+(``gateway/forward/events.py``) and measured the same way.
 
 Explained for operators, with its numbers, in docs/operations.md ("Flags, shadow
 measurement and the admin API").
@@ -26,7 +28,8 @@ import orjson
 
 from backends.errors import BackendError
 from backends.pool import Pools
-from gateway.errors import UpstreamErrorEvent
+from gateway.errors import UpstreamErrorEvent, shape_of
+from gateway.forward.events import RELAYED, EventRelay
 from gateway.forward.relay import Relay
 from gateway.measure.acceptance import Fold, Labels
 from gateway.measure.answer import Measurement
@@ -140,7 +143,10 @@ class ShadowRunner:
         if reason is not None:
             self._telemetry.mirror(pool, reason)
             return False
-        body = orjson.dumps(payload | {"stream": True, "stream_options": {"include_usage": True}})
+        streamed: dict[str, Any] = {"stream": True}
+        if path not in RELAYED:  # the completions APIs: usage asked for, as the relay does
+            streamed["stream_options"] = {"include_usage": True}
+        body = orjson.dumps(payload | streamed)
         mirrored = replace(labels, pool=pool, shadow=True)
         task = asyncio.create_task(
             self._run(pool, path, body, mirrored, primary_text, prompt_tokens)
@@ -164,14 +170,24 @@ class ShadowRunner:
         primary_text: asyncio.Future[str] | None,
         prompt_tokens: int,
     ) -> None:
+        dialect = RELAYED.get(path)
         try:
             async with asyncio.timeout(self._limits.timeout_s):
-                opened = await self._pools.open((pool,), path, body, _HEADERS)
+                events = dialect is not None
+                opened = await self._pools.open((pool,), path, body, _HEADERS, events=events)
                 self._telemetry.opened(pool, shadow=True)
                 if self._prefilled is not None:
                     self._prefilled(opened.endpoint.url, prompt_tokens, self._clock())
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
                 measurement = Measurement(Fold(served, self._clock()), self._clock, self._checks)
+                if dialect is not None:  # read to its end, measured, and dropped
+                    shape = shape_of(path)
+                    relayed = EventRelay(
+                        opened, measurement, dialect, clock=self._clock, shape=shape
+                    )
+                    async for _ in relayed.sse():
+                        pass
+                    return
                 relay = Relay(opened, measurement, include_usage=True, clock=self._clock)
                 answer = await relay.collect(chat=path.endswith("chat/completions"))
         except (BackendError, UpstreamErrorEvent, TimeoutError) as exc:

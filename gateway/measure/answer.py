@@ -14,18 +14,17 @@ failed.
 How an answer is read is its dialect's (``Dialect``): the streamed relay
 (``gateway/forward/relay.py``) parses each event as JSON and hands it to
 ``Dialect.event``, the whole-answer path (``gateway/pipeline.py``) hands the body to
-``Dialect.whole``. ``completions.py`` is OpenAI's chat and text completions. A new API
-(Anthropic's ``/v1/messages``, OpenAI's ``/v1/responses``) plugs in as one more module
-beside it: a class with the two methods of ``Dialect`` that reads its own events
-(``message_start``, ``content_block_delta``, ``message_delta``... or
-``response.output_text.delta``, ``response.completed``...) and calls the measurement's
-methods below (``content`` per output event, ``usage`` with the usage in OpenAI's names
-``prompt_tokens``/``completion_tokens``, ``finished``, ``answered`` for a whole body). The
-pipeline hands that dialect to the same ``Relay`` (``dialect=``) or the same whole-answer
-path, with the same ``Measurement``. What the relay does to the bytes themselves is the
-completions API's (the usage chunk it drops when the client did not ask for usage, the
-body ``Relay.collect`` assembles): another API's stream is relayed as it came
-(``include_usage=True``), and its whole answers pass through.
+``Dialect.whole``. ``completions.py`` is OpenAI's chat and text completions;
+``messages.py`` Anthropic's Messages and ``responses.py`` OpenAI's Responses, each a
+class with the methods of ``Dialect`` that reads its own events and calls the
+measurement's methods below
+(``content`` per output event, ``usage`` with the usage in OpenAI's names
+``prompt_tokens``/``completion_tokens``, ``finished``, ``answered`` for a whole body,
+``response_id`` for the id of a stored answer). A new API is one more such module. What a
+relay does to the bytes themselves is the completions API's (the usage chunk it drops when
+the client did not ask for usage, the body ``Relay.collect`` assembles); the other APIs'
+streams are relayed event by event as they came (``gateway/forward/events.py``, which
+ends them at their ``EventDialect.last`` events), and their whole answers pass through.
 
 No I/O: time comes from the clock it is given.
 """
@@ -58,6 +57,13 @@ class Dialect(Protocol):
         ...
 
 
+class EventDialect(Dialect, Protocol):
+    """The dialect of an API whose stream is relayed event by event: ``last`` are the types
+    of the events that end its answer."""
+
+    last: frozenset[str]
+
+
 class Measurement:
     """One answer, from its first event (or its whole body) to its outcome.
 
@@ -78,6 +84,7 @@ class Measurement:
         "_finished",
         "_metrics",
         "_on_metrics",
+        "_on_response_id",
         "_text",
         "_trace",
         "fold",
@@ -95,6 +102,7 @@ class Measurement:
         ends_trace: bool = False,
         capture: asyncio.Future[str] | None = None,
         on_metrics: Callable[[object], None] | None = None,
+        on_response_id: Callable[[str], None] | None = None,
     ) -> None:
         self.fold = fold
         self.structure = Collected() if expect is not None else None
@@ -106,6 +114,7 @@ class Measurement:
         self._capture = capture
         self._text: list[str] | None = [] if capture is not None else None
         self._on_metrics = on_metrics
+        self._on_response_id = on_response_id
         self._metrics: object = None
         self._finished = False
         if trace is not None:
@@ -126,6 +135,11 @@ class Measurement:
         self.fold.usage(usage, metrics if isinstance(metrics, dict) else None)
         if self._on_metrics is not None:
             self._on_metrics(metrics)
+
+    def response_id(self, response_id: str) -> None:
+        """The id the upstream stored this answer under."""
+        if self._on_response_id is not None:
+            self._on_response_id(response_id)
 
     def answered(self, text: str, metrics: object) -> None:
         """A whole answer: the first choice's text, and the engine's ``metrics``, whose

@@ -32,11 +32,14 @@ from typing import Any
 
 import orjson
 
+from backends.sim.agents import chat_of
 from backends.sim.cluster import Cluster, Served
 from backends.sim.config import Mode, SimConfig
 from backends.sim.model import CostModel, StepCost
+from backends.sim.validation import SimHTTPError
 from gateway import schema
 from gateway.classify import Defaults, classify
+from gateway.endpoints import named
 from gateway.errors import ApiError
 from gateway.forward.shadow import short_probe
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
@@ -50,8 +53,6 @@ from policies.decide import decide
 from policies.decision import Decision
 from policies.guardrail import Transition
 from policies.model import PoolKind
-
-_PATH = "/v1/chat/completions"
 
 
 @dataclass(slots=True)
@@ -101,7 +102,7 @@ class _Ask:
     body: dict[str, Any]
     headers: Mapping[str, str]
     max_tokens: int
-    path: str = "/v1/chat/completions"
+    path: str = "/v1/chat/completions"  # the API it came in on; ``body`` is in its words
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,7 @@ class _Pending:
     area: float
     replica: Gateway
     prompt_tokens: int
+    reports: bool = True  # the answer carries per-request metrics
 
 
 class _Driver:
@@ -193,7 +195,12 @@ class _Driver:
     def _arrive(self, now: float, kind: str, i: int, client: int) -> None:
         if kind == "log":
             entry = self.log[client]
-            limit = entry.body.get("max_tokens") or entry.body.get("max_completion_tokens")
+            body = entry.body
+            limit = (
+                body.get("max_tokens")
+                or body.get("max_completion_tokens")
+                or body.get("max_output_tokens")
+            )
             max_tokens = limit if isinstance(limit, int) and limit > 0 else 256
             self._ask(now, _Ask("", -1, client, entry.body, entry.headers, max_tokens, entry.path))
             return
@@ -220,16 +227,24 @@ class _Driver:
 
     def _send(self, now: float, i: int, traffic: Traffic, client: int) -> None:
         built = build(self.scenario.name, traffic, client, self.model)
-        self._ask(now, _Ask(traffic.name, i, client, built.body, built.headers, traffic.max_tokens))
+        ask = _Ask(
+            traffic.name, i, client, built.body, built.headers, traffic.max_tokens, built.path
+        )
+        self._ask(now, ask)
 
     def _ask(self, now: float, ask: _Ask) -> None:
         index = next(self.ids)
-        kind: schema.Kind = "chat" if ask.path == _PATH else "completion"
         try:
+            kind = named(ask.path).kind
             parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+            upstream = chat_of(ask.path, ask.body)  # what the simulated servers run
         except ApiError as exc:  # a log line edited by hand: the gateway logs valid ones
             self._skip(f"not a valid request: {exc.message}")
             return
+        except (ValueError, SimHTTPError) as exc:
+            self._skip(f"not a valid request: {exc}")
+            return
+        ask = replace(ask, body=upstream)
         request_id = f"{self.scenario.name}-{index}"
         features = classify(parsed, ask.path, ask.headers, request_id, Defaults())
         replica = self.replicas.of(ask.client)
@@ -283,8 +298,11 @@ class _Driver:
             chunk_signal=spec.chunk_acceptance,
             engine=spec.engine.value,
         )
+        # only completions answers carry vLLM's per-request metrics (a Messages or Responses
+        # answer is measured by its chunks)
+        reports = ask.path in ("/v1/chat/completions", "/v1/completions")
         self.pending[index] = _Pending(
-            row, ask.traffic, labels, self.area, sent.replica, sent.prompt_tokens
+            row, ask.traffic, labels, self.area, sent.replica, sent.prompt_tokens, reports
         )
         self.in_flight += 1
 
@@ -308,7 +326,7 @@ class _Driver:
         row.context = served.prompt_tokens + served.completion_tokens / 2
         row.acceptance = served.acceptance
         row.load = max(1.0, mean / self.n_endpoints)
-        outcome = _outcome(pending.labels, served)
+        outcome = _outcome(pending.labels, served, pending.reports)
         row.measured = outcome.tokens_per_step
         pending.replica.record(outcome, served.done)
         self.replay.rows.append(row)
@@ -345,14 +363,15 @@ def _mirror(decision: Decision) -> Decision:
     )
 
 
-def _outcome(labels: Labels, served: Served) -> Outcome:
-    """The outcome the gateway's fold makes of this answer, streamed at one chunk per step."""
+def _outcome(labels: Labels, served: Served, reports: bool = True) -> Outcome:
+    """The outcome the gateway's fold makes of this answer, streamed at one chunk per step;
+    with ``reports``, the answer says its speculative counts too."""
     fold = Fold(labels, served.arrival)
     for at in _chunk_times(served):
         fold.content(at)
     fold.finished(served.finish_reason)
     metrics = None
-    if labels.k is not None:
+    if labels.k is not None and reports:
         metrics = {
             "speculative_decoding": {
                 "num_spec_steps": served.num_spec_steps,

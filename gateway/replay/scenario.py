@@ -50,6 +50,8 @@ class Traffic(_Strict):
     answers. Open loop: ``rate`` requests per second arrive as a Poisson process. Keys and
     users: client ``i`` sends ``Authorization: Bearer <key i mod api_keys>`` (keys are shared
     by every class of the scenario) and, when ``users`` > 0, ``user: user-<i mod users>``.
+    ``api``: the API the class speaks (``chat``, ``completions``, Anthropic's ``messages``,
+    OpenAI's ``responses``); the same workload by another API is the same work upstream.
     """
 
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -66,9 +68,14 @@ class Traffic(_Strict):
     api_keys: Annotated[int, Field(ge=1)] = 1
     users: Annotated[int, Field(ge=0)] = 0
     endpoint: str = ""
+    api: Literal["chat", "completions", "messages", "responses"] = "chat"
 
     @model_validator(mode="after")
     def _consistent(self) -> Traffic:
+        if self.api == "completions" and (self.tools or self.workload is Workload.JSON):
+            raise ValueError(f"traffic {self.name}: completions offer no tools or JSON output")
+        if self.api == "messages" and self.workload is Workload.JSON:
+            raise ValueError(f"traffic {self.name}: JSON output goes by chat or responses")
         if (self.clients is None) == (self.rate is None):
             raise ValueError(f"traffic {self.name}: give exactly one of clients or rate")
         closed = self.clients is not None

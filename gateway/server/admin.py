@@ -1,8 +1,8 @@
 """The admin API under /admin: flags, audit log, guardrail states and events, policy reload.
 
-Every route needs ``Authorization: Bearer <SPECLANE_ADMIN_TOKEN>`` (compared in constant
-time). With no token configured the admin API is disabled, not open. Nothing a client sends
-to the OpenAI endpoints reaches any of this.
+Every route needs ``Authorization: Bearer <SPECLANE_ADMIN_TOKEN>``, or the token as
+``x-api-key`` (compared in constant time). With no token configured the admin API is
+disabled, not open. Nothing a client sends to the model endpoints reaches any of this.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import JSON, ApiError
+from gateway.identity import api_key
 from gateway.lifecycle import reload_policy
 from gateway.server.admin_policy import PolicyDrafts
 from gateway.server.health import pools_detail
@@ -113,12 +114,12 @@ class Admin:
                 message="the admin API is disabled: set SPECLANE_ADMIN_TOKEN",
                 code="admin_disabled",
             )
-        given = request.headers.get("authorization", "")
-        if not given.startswith("Bearer "):
+        given = api_key(request.headers)
+        if not given:
             raise ApiError(
                 status=401, message="admin API: a bearer token is required", code="unauthorized"
             )
-        if not hmac.compare_digest(given[7:].encode(), token.get_secret_value().encode()):
+        if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
             raise ApiError(status=403, message="admin API: wrong token", code="forbidden")
 
     def _flags(self) -> dict[str, dict[str, Any]]:

@@ -23,7 +23,8 @@ def _json(body: object, status: int = 200) -> Response:
 
 
 class Api:
-    """The OpenAI-compatible endpoints and the health checks."""
+    """The model endpoints (OpenAI's chat and text completions and Responses, Anthropic's
+    Messages) and the health checks."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -33,6 +34,12 @@ class Api:
 
     async def completions(self, request: Request) -> Response | SSEResponse:
         return await pipeline.complete(self.services, request, "completion")
+
+    async def messages(self, request: Request) -> Response | SSEResponse:
+        return await pipeline.complete(self.services, request, "messages")
+
+    async def responses(self, request: Request) -> Response | SSEResponse:
+        return await pipeline.complete(self.services, request, "responses")
 
     async def models(self, request: Request) -> Response:
         created = int(time.time())

@@ -21,7 +21,13 @@ from backends.outlier import OutlierRules
 from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
-from gateway.errors import ApiError, api_error_handler, internal_error, route_not_found
+from gateway.errors import (
+    ApiError,
+    api_error_handler,
+    internal_error,
+    route_not_found,
+    shape_of,
+)
 from gateway.forward.passthrough import PerRequestReports
 from gateway.forward.shadow import ShadowLimits, ShadowRunner
 from gateway.gate import Gate
@@ -276,6 +282,8 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
     routes = [
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.model_card, methods=["GET"]),
         *(Route(path, api.other_route, methods=["POST"]) for path in OTHER_ROUTES),
@@ -301,12 +309,17 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
             Exception: on_crash,
         },
     )
-    hot = {"/v1/chat/completions": api.chat, "/v1/completions": api.completions}
+    hot = {
+        "/v1/chat/completions": api.chat,
+        "/v1/completions": api.completions,
+        "/v1/messages": api.messages,
+        "/v1/responses": api.responses,
+    }
     return FastLane(app, hot, on_api_error, services.gate, on_crash)
 
 
 def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """Errors of the OpenAI routes are counted; the admin API's (a wrong token, an unknown
+    """Errors of the model routes are counted; the admin API's (a wrong token, an unknown
     flag) and the console's are the operator's, not the clients'."""
 
     async def handler(request: Request, exc: Exception) -> Response:
@@ -323,20 +336,19 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code in (404, 405):
         return route_not_found(exc.status_code)
-    kind = "invalid_request_error"
-    return ApiError(status=exc.status_code, message=str(exc.detail), type=kind).response(
-        dict(exc.headers or {})
-    )
+    error = ApiError(status=exc.status_code, message=str(exc.detail))
+    return error.response(dict(exc.headers or {}), shape_of(request.scope["path"]))
 
 
 def _crashed(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """A bug: logged with its traceback, answered 500 with no detail, and counted like any
-    other error answer of the OpenAI routes (``speclane_request_errors_total``)."""
+    """A bug: logged with its traceback, answered 500 with no detail in the shape of the API
+    it came in on, and counted like any other error answer of the model APIs
+    (``speclane_request_errors_total``)."""
 
     async def handler(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
         if request.scope["path"].startswith("/v1/"):
             telemetry.error(500, "internal_error")
-        return internal_error()
+        return internal_error(request.scope["path"])
 
     return handler

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import openai
 import pytest
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
@@ -174,3 +175,39 @@ async def test_an_endpoint_a_reload_removed_no_longer_answers_for_its_responses(
     assert before.status_code == 200
     assert after.status_code == 404
     assert after.json()["error"]["message"] == "Response with id 'resp_b1' not found."
+
+
+async def test_a_two_turn_conversation_stays_on_the_endpoint_of_its_first_turn(tmp_path):
+    # the openai client's responses.create, through the gateway, on a pool of two endpoints:
+    # every later turn goes where the turn before it was stored, never to the other one
+    async with pool() as sims:
+        text = policy(sims.spec, [sims.a, sims.b]).replace("start: spec", "start: standard")
+        async with (
+            gateway(settings(tmp_path, text)) as (url, services),
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client,
+        ):
+            await two_turns(client, services, sims)
+
+
+async def two_turns(client: openai.AsyncOpenAI, services: Services, sims: Pool) -> None:
+    """Five turns, each continuing the one before it."""
+    first = await client.responses.with_raw_response.create(
+        model="tiny", input="Hello there.", max_output_tokens=8
+    )
+    stored_on = await services.pins.where(first.parse().id)
+    assert stored_on in (sims.a, sims.b)
+    previous, turns = first.parse(), []
+    for _ in range(4):
+        turn = await client.responses.with_raw_response.create(
+            model="tiny",
+            input="And then?",
+            previous_response_id=previous.id,
+            max_output_tokens=8,
+        )
+        previous = turn.parse()
+        turns.append(turn.headers["x-speclane-reason"])
+        assert await services.pins.where(previous.id) == stored_on
+    assert all(reason.endswith(f" on {stored_on}") for reason in turns), turns
+    opening = first.parse().usage
+    assert previous.usage is not None and opening is not None
+    assert previous.usage.input_tokens > opening.input_tokens  # the history came along

@@ -128,6 +128,14 @@ CASES = {
             "(hint: declare it with a default, or it starts enabled)"
         ],
     ),
+    "an endpoint path no API is served at": (
+        rules("- {name: a, start: spec, match: {endpoint: [messages, /v1/message, code]}}"),
+        [
+            "p.yaml:7:55: warning: rules.0.match.endpoint.1: no API is served at '/v1/message': "
+            "this value matches nothing (hint: name an API: chat, completions, messages, "
+            "responses (or its path))"
+        ],
+    ),
     "duplicate rule names": (
         rules("- {name: default, start: spec, match: {stream: true}}"),
         [

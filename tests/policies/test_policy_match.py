@@ -45,6 +45,9 @@ MATCHES = [
     (m(stream=False), f(stream=True), False),
     (m(tenant=["acme"]), f(tenant="acme"), True),
     (m(endpoint=["search"]), f(), False),
+    (m(endpoint=["chat", "messages"]), f(api="messages", endpoint="/v1/messages"), True),
+    (m(endpoint=["messages"]), f(api="messages", endpoint="code"), True),  # the door counts
+    (m(endpoint=["responses"]), f(api="chat"), False),
     (m(headers={"X-Team": "a"}), f(headers={"x-team": "a"}), True),
     (m(headers={"x-team": "a"}), f(headers={}), False),
     (m(model=[]), f(), False),
@@ -99,7 +102,7 @@ HEADERS = st.one_of(
 )
 MATCH = st.builds(
     Match,
-    endpoint=lists(["/v1/chat/completions", "/v1/completions", "search"]),
+    endpoint=lists(["/v1/chat/completions", "/v1/completions", "search", "chat", "messages"]),
     model=lists(["m", "n"]),
     tenant=lists(["", "t1", "t2"]),
     response_format=lists(list(ResponseFormat)),
@@ -114,6 +117,7 @@ MATCH = st.builds(
 FEATURES = st.builds(
     Features,
     endpoint=st.sampled_from(["/v1/chat/completions", "/v1/completions", "search", "other"]),
+    api=st.sampled_from(["", "chat", "completions", "messages"]),
     model=st.sampled_from(["m", "n", "unknown"]),
     temperature=NUMBERS,
     top_p=NUMBERS,

@@ -22,6 +22,9 @@ PURE = {
     "schema_check",
     "logprobs",
     "pacing",
+    "api_messages",
+    "api_responses",
+    "agents",
 }
 IO = {"asyncio", "socket", "time", "httpx", "aiohttp", "uvicorn", "starlette", "os"}
 

@@ -54,6 +54,12 @@ def test_shipped_scenarios_parse_and_cover_the_issue():
         (SMALL.replace("clients: 3", "clients: 3, rate: 1"), "exactly one of clients or rate"),
         (SMALL.replace("temperature: 0.7", "temperature: 1.2"), "chat needs temperature"),
         (SMALL + "max_num_batched_tokens: 255\n", "at least max_num_seqs"),
+        (SMALL.replace("workload: chat,", "workload: chat, api: grpc,"), "api"),
+        (
+            SMALL.replace("workload: code,", "workload: json, api: completions,"),
+            "completions offer no tools or JSON output",
+        ),
+        (SMALL.replace("workload: code,", "workload: json, api: messages,"), "chat or responses"),
     ],
 )
 def test_bad_scenarios_say_what_is_wrong(text, message):

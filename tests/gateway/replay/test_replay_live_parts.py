@@ -63,3 +63,24 @@ def test_quiet_slices_come_back_soon_after_their_healing():
             times[key].append(back.get(key, 600.0))
     assert sorted(times["default"])[1] <= 60  # one request every 3 s
     assert sorted(times["tools"])[1] <= 300  # one every 20 s
+
+
+def test_a_collapse_moves_one_tool_arriving_by_three_apis_as_one_slice():
+    # the tool's calls by chat, by Anthropic's Messages and by OpenAI's Responses are one
+    # slice (one tool schema) when the policy slices by tool schema and not by endpoint
+    sliced = load_policy(
+        (BENCH / "policies" / "baseline.yaml").read_text() + "slices: {tool_schemas: 16}\n"
+    )
+    done = replay(sliced, scenario("three-apis-collapse"))
+    doors = ("tools-chat", "tools-messages", "tools-responses")
+    (key,) = {row.slice for row in done.rows if row.traffic in doors}
+    (fall, back) = moves(done.events, key)
+    # within seconds, as the same tool by chat alone does (tool-collapse): the mirrors of
+    # every door teach the standard pool's step time alike
+    assert fall[1:] == (0, 1) and 300 <= fall[0] <= 330
+    assert back[1:] == (1, 0) and 600 <= back[0] <= 660
+    for door in doors:
+        after_fall = [r for r in done.rows if r.traffic == door and fall[0] < r.arrival < 600]
+        healed = [r for r in done.rows if r.traffic == door and r.arrival > back[0] + 30]
+        assert sum(r.pool == "standard" for r in after_fall) > 0.9 * len(after_fall)
+        assert sum(r.pool == "spec" for r in healed) > 0.95 * len(healed)

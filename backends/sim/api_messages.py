@@ -1,0 +1,264 @@
+"""Anthropic's Messages API as vLLM 0.32 serves it (``/v1/messages``,
+``/v1/messages/count_tokens``): the request turned into a chat request, and the chat
+answer turned back, streamed or whole, as vLLM's own Messages handler does.
+
+So a Messages request runs on the same engine, with the same acceptance and the same steps
+as the chat request it becomes: one ``content_block_delta`` event per chat chunk (per
+engine step). A stream is ``message_start``, per content block ``content_block_start``,
+its deltas (``text_delta``, or ``input_json_delta`` for a tool's input) and
+``content_block_stop``, then ``message_delta`` (stop reason, usage) and ``message_stop``,
+each as ``event: <type>`` and ``data: <json>``, and then vLLM's ``data: [DONE]``. The
+answers carry no per-request speculative metrics, as vLLM's do not. Errors are
+Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from backends.sim.responses import DONE
+from backends.sim.validation import SimHTTPError
+
+Json = dict[str, Any]
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "overloaded_error"}
+
+
+def error_body(error: SimHTTPError) -> bytes:
+    kind = _TYPES.get(error.status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
+
+
+def _invalid(message: str) -> SimHTTPError:
+    return SimHTTPError(400, message, "invalid_request_error")
+
+
+def chat_request(body: bytes, *, count: bool = False) -> Json:
+    """The chat request a Messages request (or, with ``count``, a count_tokens request)
+    becomes; ``SimHTTPError`` 400 for what vLLM's Messages model refuses."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _invalid(f"invalid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise _invalid("the body must be a JSON object")
+    model, messages = payload.get("model"), payload.get("messages")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model: Field required")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages must contain at least one item")
+    max_tokens = payload.get("max_tokens")
+    if not count and (not isinstance(max_tokens, int) or max_tokens <= 0):
+        raise _invalid("max_tokens: Field required, a positive integer")
+    chat: Json = {"model": model, "messages": _system(payload.get("system"))}
+    for message in messages:
+        chat["messages"] += _chat_messages(message)
+    for name in ("temperature", "top_p", "top_k"):
+        if payload.get(name) is not None:
+            chat[name] = payload[name]
+    if isinstance(payload.get("stop_sequences"), list):
+        chat["stop"] = payload["stop_sequences"]
+    if not count:
+        chat["max_tokens"] = max_tokens
+    tools = payload.get("tools")
+    if isinstance(tools, list) and tools:
+        chat["tools"] = [_chat_tool(tool) for tool in tools]
+        chat["tool_choice"] = _tool_choice(payload.get("tool_choice"))
+    if payload.get("stream") is True and not count:
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def _system(system: object) -> list[Json]:
+    if isinstance(system, str) and system:
+        return [{"role": "system", "content": system}]
+    if isinstance(system, list):
+        text = "".join(str(b.get("text") or "") for b in system if isinstance(b, dict))
+        return [{"role": "system", "content": text}] if text else []
+    return []
+
+
+def _chat_messages(message: object) -> list[Json]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise _invalid("messages: each message needs a role and content")
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list) or not content:
+        raise _invalid("message content must not be empty")
+    out: list[Json] = []
+    texts: list[str] = []
+    calls: list[Json] = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "tool_use":
+            arguments = orjson.dumps(block.get("input") or {}).decode()
+            function = {"name": block.get("name") or "", "arguments": arguments}
+            calls.append({"id": block.get("id") or "", "type": "function", "function": function})
+        elif kind == "tool_result":
+            result = block.get("content")
+            text = result if isinstance(result, str) else orjson.dumps(result).decode()
+            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+    said: Json = {"role": role, "content": "".join(texts)}
+    if calls:
+        said["tool_calls"] = calls
+    return [said, *out] if texts or calls or not out else out
+
+
+def _chat_tool(tool: object) -> Json:
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise _invalid("tools: each tool needs a name and an input_schema")
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise _invalid("input_schema must be a dictionary")
+    function: Json = {"name": tool["name"], "parameters": {"type": "object"} | schema}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: object) -> object:
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "any":
+        return "required"
+    if kind == "none":
+        return "none"
+    if kind == "tool":
+        assert isinstance(choice, dict)
+        if not choice.get("name"):
+            raise _invalid("tool_choice.name is required when tool_choice.type is 'tool'")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return "auto"
+
+
+def _event(body: Json) -> bytes:
+    return b"event: " + str(body["type"]).encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+class MessagesStream:
+    """A chat stream's chunks (``data:`` events) in, the Messages stream's events out."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self._prompt = prompt_tokens
+        self._started = False
+        self._block: int | None = None  # the open content block's index
+        self._blocks = 0
+        self._finish = "stop"
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = []
+        for line in chunk.split(b"\n\n"):
+            if line.startswith(b"data: "):
+                out.append(self._one(line[6:]))
+        return b"".join(out)
+
+    def _one(self, data: bytes) -> bytes:
+        if data == b"[DONE]":
+            return _event({"type": "message_stop"}) + DONE
+        chunk = orjson.loads(data)
+        if "error" in chunk:
+            error = chunk["error"]
+            kind = _TYPES.get(error.get("code"), "api_error")
+            return _event({"type": "error", "error": {"type": kind, "message": error["message"]}})
+        out = b"" if self._started else self._start(chunk)
+        choices = chunk.get("choices") or []
+        if not choices:
+            return out + self._end(chunk.get("usage") or {})
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            out += self._open({"type": "text", "text": ""}, None)
+            out += self._delta({"type": "text_delta", "text": delta["content"]})
+        for call in delta.get("tool_calls") or ():
+            arguments = (call.get("function") or {}).get("arguments")
+            if call.get("id"):
+                name = call["function"].get("name")
+                block = {"type": "tool_use", "id": call["id"], "name": name, "input": {}}
+                out += self._open(block, call["id"])
+            if arguments:
+                out += self._delta({"type": "input_json_delta", "partial_json": arguments})
+        if choice.get("finish_reason"):
+            self._finish = choice["finish_reason"]
+        return out
+
+    def _start(self, chunk: Json) -> bytes:
+        self._started = True
+        message: Json = {
+            "id": chunk.get("id"),
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": chunk.get("model"),
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self._prompt, "output_tokens": 0},
+        }
+        return _event({"type": "message_start", "message": message})
+
+    def _open(self, block: Json, new: str | None) -> bytes:
+        """Start ``block`` unless a text block is open and this is text too."""
+        if self._block is not None and new is None:
+            return b""
+        out = self._close()
+        self._block = self._blocks
+        self._blocks += 1
+        start = {"type": "content_block_start", "index": self._block, "content_block": block}
+        return out + _event(start)
+
+    def _close(self) -> bytes:
+        if self._block is None:
+            return b""
+        index, self._block = self._block, None
+        return _event({"type": "content_block_stop", "index": index})
+
+    def _delta(self, delta: Json) -> bytes:
+        return _event({"type": "content_block_delta", "index": self._block, "delta": delta})
+
+    def _end(self, usage: Mapping[str, Any]) -> bytes:
+        used = {
+            "input_tokens": usage.get("prompt_tokens", self._prompt),
+            "output_tokens": usage.get("completion_tokens", 0),
+        }
+        delta = {"stop_reason": _STOP.get(self._finish, "end_turn"), "stop_sequence": None}
+        return self._close() + _event({"type": "message_delta", "delta": delta, "usage": used})
+
+
+def whole(chat_body: bytes) -> bytes:
+    """A whole chat answer as a whole Messages answer."""
+    body = orjson.loads(chat_body)
+    choice = body["choices"][0]
+    message = choice.get("message") or {}
+    content: list[Json] = []
+    if message.get("content") or not message.get("tool_calls"):
+        content.append({"type": "text", "text": message.get("content") or ""})
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        try:
+            arguments = orjson.loads(function.get("arguments") or "{}")
+        except orjson.JSONDecodeError:
+            arguments = {}
+        block = {"type": "tool_use", "id": call.get("id"), "name": function.get("name")}
+        content.append(block | {"input": arguments})
+    usage = body.get("usage") or {}
+    answer = {
+        "id": body.get("id"),
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": body.get("model"),
+        "stop_reason": _STOP.get(choice.get("finish_reason"), "end_turn"),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+        },
+    }
+    return orjson.dumps(answer)
