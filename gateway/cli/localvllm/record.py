@@ -3,9 +3,11 @@
 For each server (``standard``, ``ngram``, ``draft``) it writes, under ``OUT/<server>/``:
 the raw SSE body of a streamed chat answer with and without
 ``stream_options.include_usage``, a streamed completion with usage, a streamed tool call
-(named ``tool_choice``), a non-streaming chat answer, and then the server's ``/metrics``
-page. Every request is greedy with a fixed prompt, so a new recording differs from the old
-one only where vLLM or the models changed.
+(named ``tool_choice``), a non-streaming chat answer; the same text asked through
+Anthropic's Messages API and OpenAI's Responses API, whole and streamed, with a named tool
+streamed, ``count_tokens`` and a Responses structured output (``agent_requests``); and then
+the server's ``/metrics`` page. Every request is greedy with a fixed prompt, so a new
+recording differs from the old one only where vLLM or the models changed.
 """
 
 from __future__ import annotations
@@ -19,18 +21,16 @@ import httpx
 from gateway.cli.localvllm.stackfile import StackState
 
 _MESSAGES = [{"role": "user", "content": "def parse(self, text):\n    return text.split()\n"}]
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
+_WEATHER: dict[str, Any] = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
     },
 }
+TOOL = {"type": "function", "function": _WEATHER}
 
 
 def requests(model: str) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -59,12 +59,54 @@ def requests(model: str) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
+def agent_requests(model: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """File name -> (path, body) of the requests recorded through Messages and Responses."""
+    function = _WEATHER
+    messages = {"model": model, "messages": _MESSAGES, "temperature": 0, "max_tokens": 32}
+    tool = {
+        "tools": [
+            {
+                **{k: function[k] for k in ("name", "description")},
+                "input_schema": function["parameters"],
+            }
+        ],
+        "tool_choice": {"type": "tool", "name": function["name"]},
+    }
+    responses = {"model": model, "input": _MESSAGES[0]["content"], "temperature": 0}
+    responses |= {"max_output_tokens": 32}
+    named = {
+        "tools": [{"type": "function", **function}],
+        "tool_choice": {"type": "function", "name": function["name"]},
+    }
+    schema = {"type": "json_schema", "name": "city", "schema": function["parameters"]}
+    return {
+        "messages-nonstream.json": ("/v1/messages", messages),
+        "messages-stream.sse": ("/v1/messages", messages | {"stream": True}),
+        "messages-stream-tool-use.sse": ("/v1/messages", messages | tool | {"stream": True}),
+        "messages-count-tokens.json": (
+            "/v1/messages/count_tokens",
+            {"model": model, "messages": _MESSAGES},
+        ),
+        "responses-nonstream.json": ("/v1/responses", responses),
+        "responses-stream.sse": ("/v1/responses", responses | {"stream": True}),
+        "responses-stream-function-call.sse": (
+            "/v1/responses",
+            responses | named | {"stream": True},
+        ),
+        "responses-nonstream-json-schema.json": (
+            "/v1/responses",
+            responses | {"text": {"format": schema}},
+        ),
+    }
+
+
 def record_all(state: StackState, out: Path, progress: Callable[[str], None]) -> None:
     with httpx.Client(timeout=120.0) as client:
         for server in state.servers:
             folder = out / server.name
             folder.mkdir(parents=True, exist_ok=True)
-            for name, (path, body) in requests(state.model).items():
+            recorded = requests(state.model) | agent_requests(state.model)
+            for name, (path, body) in recorded.items():
                 response = client.post(server.url + path, json=body)
                 (folder / name).write_bytes(response.content)
                 progress(f"{server.name}: {name} ({response.status_code})")

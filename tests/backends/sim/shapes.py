@@ -108,3 +108,35 @@ def metrics_differences(real_text: str, sim_text: str, needed: set[str]) -> list
 
 def _show(family: tuple[str, frozenset[str]]) -> str:
     return f"{family[0]} {sorted(family[1])}"
+
+
+def typed_events(raw: bytes) -> list[tuple[str, Any]]:
+    """An SSE body of named events (Anthropic's Messages, OpenAI's Responses): each event's
+    ``event:`` name and its parsed data."""
+    out: list[tuple[str, Any]] = []
+    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+        name, data = "", None
+        for line in block.split(b"\n"):
+            if line.startswith(b"event: "):
+                name = line[7:].decode()
+            elif line.startswith(b"data: "):
+                data = "[DONE]" if line[6:] == b"[DONE]" else orjson.loads(line[6:])
+        if data is not None:
+            out.append((name, data))
+    return out
+
+
+def typed_differences(real_raw: bytes, sim_raw: bytes) -> list[str]:
+    """The sequence of event names (runs of one name collapsed), then each name's first
+    event, compared."""
+    real, sim = typed_events(real_raw), typed_events(sim_raw)
+    real_names, sim_names = _runs([n for n, _ in real]), _runs([n for n, _ in sim])
+    out = []
+    if real_names != sim_names:
+        out.append(f"event sequence: real {real_names}, simulator {sim_names}")
+    for name in dict.fromkeys(real_names):
+        mine = [data for n, data in sim if n == name]
+        theirs = next(data for n, data in real if n == name)
+        if mine:
+            out += json_differences(theirs, mine[0], f"<{name}>")
+    return out
