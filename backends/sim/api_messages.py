@@ -7,9 +7,12 @@ as the chat request it becomes: one ``content_block_delta`` event per chat chunk
 engine step). A stream is ``message_start``, per content block ``content_block_start``,
 its deltas (``text_delta``, or ``input_json_delta`` for a tool's input) and
 ``content_block_stop``, then ``message_delta`` (stop reason, usage) and ``message_stop``,
-each as ``event: <type>`` and ``data: <json>``, and then vLLM's ``data: [DONE]``. The
-answers carry no per-request speculative metrics, as vLLM's do not. Errors are
-Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``.
+each as ``event: <type>`` and ``data: <json>``; like vLLM's, it ends there, without a
+``[DONE]``. A whole answer has no ``stop_sequence`` (a stream's ``message_start`` and
+``message_delta`` have it, null), and a ``count_tokens`` answer is ``input_tokens`` and
+``context_management.original_input_tokens``. The answers carry no per-request speculative
+metrics, as vLLM's do not. Errors are Anthropic's shape,
+``{"type": "error", "error": {"type", "message"}}``.
 
 Pure: no I/O, no clock.
 """
@@ -21,7 +24,6 @@ from typing import Any
 
 import orjson
 
-from backends.sim.responses import DONE
 from backends.sim.validation import SimHTTPError
 
 Json = dict[str, Any]
@@ -162,7 +164,7 @@ class MessagesStream:
 
     def _one(self, data: bytes) -> bytes:
         if data == b"[DONE]":
-            return _event({"type": "message_stop"}) + DONE
+            return _event({"type": "message_stop"})
         chunk = orjson.loads(data)
         if "error" in chunk:
             error = chunk["error"]
@@ -231,6 +233,12 @@ class MessagesStream:
         return self._close() + _event({"type": "message_delta", "delta": delta, "usage": used})
 
 
+def count_body(tokens: int) -> bytes:
+    """A ``count_tokens`` answer: the prompt's tokens, before any context management."""
+    management = {"original_input_tokens": tokens}
+    return orjson.dumps({"input_tokens": tokens, "context_management": management})
+
+
 def whole(chat_body: bytes) -> bytes:
     """A whole chat answer as a whole Messages answer."""
     body = orjson.loads(chat_body)
@@ -255,7 +263,6 @@ def whole(chat_body: bytes) -> bytes:
         "content": content,
         "model": body.get("model"),
         "stop_reason": _STOP.get(choice.get("finish_reason"), "end_turn"),
-        "stop_sequence": None,
         "usage": {
             "input_tokens": usage.get("prompt_tokens", 0),
             "output_tokens": usage.get("completion_tokens", 0),

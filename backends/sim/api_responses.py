@@ -8,9 +8,16 @@ stream is ``response.created`` and ``response.in_progress``; per output item
 ``response.output_text.delta`` events, ``response.output_text.done`` and
 ``response.content_part.done``, for a tool call ``response.function_call_arguments.delta``
 events and ``.done``; ``response.output_item.done``; and ``response.completed`` with the
-whole response and its usage, each as ``event: <type>`` and ``data: <json>`` with a rising
-``sequence_number``, and no ``[DONE]``. The answers carry no per-request speculative
-metrics, as vLLM's do not.
+whole response and its usage (also for an answer cut at ``max_output_tokens``: its
+``status`` inside is then ``incomplete``), each as ``event: <type>`` and ``data: <json>``
+with a rising ``sequence_number``, and no ``[DONE]``. The response object has every field
+vLLM 0.32's has, most of them echoes of the request or null (``text`` is null unless a
+format was asked for; a named function ``tool_choice`` shows as the ``json_schema`` format
+its arguments were held to), usage with its ``*_per_turn`` lists, and no ``error``; output
+items carry ``phase``, text parts ``logprobs``, function calls ``async``, ``caller`` and
+``namespace``. The answers carry no per-request speculative metrics, as vLLM's do not: a
+finished response's ``metrics``, where the chat answer has any, are its timings with
+``speculative_decoding`` null.
 
 Like vLLM, the server keeps the responses it made, so a request naming
 ``previous_response_id`` continues that conversation (``Histories``), and one naming an id
@@ -26,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from backends.sim.responses import TIMING_FIELDS
 from backends.sim.validation import SimHTTPError
 
 Json = dict[str, Any]
@@ -154,11 +162,70 @@ def _response_format(fmt: Mapping[str, Any]) -> Json:
 def _usage(prompt: int, completion: int) -> Json:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": 0,
+            "cache_write_tokens": 0,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
         "total_tokens": prompt + completion,
     }
+
+
+def metrics(chat_metrics: object) -> Json | None:
+    """A response's ``metrics``: the chat answer's timings, when it has any, and
+    ``speculative_decoding`` null, as vLLM's Responses answers have it."""
+    if not isinstance(chat_metrics, dict):
+        return None
+    timings = {name: chat_metrics.get(name) for name in TIMING_FIELDS}
+    return timings | {"speculative_decoding": None}
+
+
+def _echoed_tool(tool: object) -> object:
+    """A request's tool as vLLM echoes it: a function tool with every field it knows."""
+    if not _function(tool):
+        return tool
+    assert isinstance(tool, dict)
+    return {
+        "name": tool.get("name"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+        "type": "function",
+        "allowed_callers": None,
+        "async": None,
+        "defer_loading": None,
+        "description": tool.get("description"),
+        "output_schema": None,
+    }
+
+
+def _text_config(request: Mapping[str, Any]) -> Json | None:
+    """The response's ``text``: null when the request gave no format; a named function
+    ``tool_choice`` is the format its arguments were constrained to, as vLLM does it."""
+    choice = request.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        named = [t for t in request.get("tools") or () if _function(t)]
+        schema = next(
+            (t.get("parameters") for t in named if t.get("name") == choice.get("name")), None
+        )
+        spec = {"name": "tool_calling_response", "schema": schema, "type": "json_schema"}
+        return {"format": spec | {"description": None, "strict": True}, "verbosity": None}
+    text = request.get("text")
+    if not isinstance(text, dict):
+        return None
+    fmt = text.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        fmt = {k: fmt.get(k) for k in ("name", "schema", "type", "description", "strict")}
+    elif isinstance(fmt, dict):
+        fmt = {"type": fmt.get("type")}
+    return {"format": fmt, "verbosity": text.get("verbosity")}
 
 
 def response(
@@ -168,31 +235,50 @@ def response(
     output: list[Json],
     usage: Json | None,
     status: str,
+    timings: Json | None = None,
 ) -> Json:
     """The response object: of ``response.created`` (in progress, no output), of
-    ``response.completed``, or the whole answer."""
-    text = request.get("text") if isinstance(request.get("text"), dict) else None
+    ``response.completed``, or the whole answer; ``timings`` is its ``metrics``, left out
+    when null, as vLLM leaves it."""
+    tools = [_echoed_tool(t) for t in request.get("tools") or ()]
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    return {
+    body: Json = {
         "id": response_id,
         "created_at": created,
         "incomplete_details": incomplete,
         "instructions": request.get("instructions"),
-        "metadata": None,
+        "metadata": request.get("metadata"),
         "model": request.get("model"),
         "object": "response",
         "output": output,
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
         "temperature": request.get("temperature", 1.0),
-        "tool_choice": request.get("tool_choice", "auto"),
-        "tools": request.get("tools") or [],
+        "tool_choice": request.get("tool_choice", "auto" if tools else "none"),
+        "tools": tools,
         "top_p": request.get("top_p", 1.0),
+        "background": bool(request.get("background", False)),
         "max_output_tokens": request.get("max_output_tokens"),
+        "max_tool_calls": request.get("max_tool_calls"),
         "previous_response_id": request.get("previous_response_id"),
+        "prompt": request.get("prompt"),
+        "reasoning": request.get("reasoning"),
+        "service_tier": request.get("service_tier", "auto"),
         "status": status,
-        "text": text or {"format": {"type": "text"}},
+        "text": _text_config(request),
+        "top_logprobs": request.get("top_logprobs"),
+        "truncation": request.get("truncation", "disabled"),
         "usage": usage,
-        "error": None,
+        "user": request.get("user"),
+    }
+    if timings is not None:
+        body["metrics"] = timings
+    return body | {
+        "presence_penalty": request.get("presence_penalty", 0.0),
+        "frequency_penalty": request.get("frequency_penalty", 0.0),
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "input_messages": None,
+        "output_messages": None,
     }
 
 
@@ -200,34 +286,46 @@ def _status(finish: str | None) -> str:
     return "incomplete" if finish == "length" else "completed"
 
 
+def _part(text: str, logprobs: list[Any] | None) -> Json:
+    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
+
+
+def _message(item_id: str, status: str, content: list[Json]) -> Json:
+    return {
+        "id": item_id,
+        "content": content,
+        "role": "assistant",
+        "status": status,
+        "type": "message",
+        "phase": None,
+    }
+
+
+def _function_call(item_id: str, call: Mapping[str, Any], arguments: str, status: str) -> Json:
+    function = call.get("function") or {}
+    return {
+        "arguments": arguments,
+        "call_id": call.get("id"),
+        "name": function.get("name"),
+        "type": "function_call",
+        "id": item_id,
+        "async": None,
+        "caller": None,
+        "namespace": None,
+        "status": status,
+    }
+
+
 def output_items(response_id: str, message: Mapping[str, Any]) -> list[Json]:
     """A chat answer's message as Responses output items."""
     suffix = response_id.removeprefix("resp_")
     items: list[Json] = []
     if message.get("content") or not message.get("tool_calls"):
-        part: Json = {"type": "output_text", "text": message.get("content") or ""}
-        part["annotations"] = []
-        items.append(
-            {
-                "id": "msg_" + suffix,
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [part],
-            }
-        )
+        part = _part(message.get("content") or "", None)
+        items.append(_message("msg_" + suffix, "completed", [part]))
     for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
-        items.append(
-            {
-                "id": "fc_" + suffix,
-                "type": "function_call",
-                "call_id": call.get("id"),
-                "name": function.get("name"),
-                "arguments": function.get("arguments") or "",
-                "status": "completed",
-            }
-        )
+        arguments = (call.get("function") or {}).get("arguments") or ""
+        items.append(_function_call("fc_" + suffix, call, arguments, "completed"))
     return items
 
 
@@ -238,8 +336,9 @@ def whole(chat_body: bytes, response_id: str, request: Mapping[str, Any], create
     usage = body.get("usage") or {}
     used = _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
     output = output_items(response_id, choice.get("message") or {})
+    status = _status(choice.get("finish_reason"))
     return response(
-        response_id, request, created, output, used, _status(choice.get("finish_reason"))
+        response_id, request, created, output, used, status, metrics(body.get("metrics"))
     )
 
 
@@ -286,7 +385,7 @@ class ResponsesStream:
             out += self._event({"type": "response.in_progress", "response": started})
         choices = chunk.get("choices") or []
         if not choices:
-            return out + self._completed(chunk.get("usage") or {})
+            return out + self._completed(chunk.get("usage") or {}, metrics(chunk.get("metrics")))
         delta = choices[0].get("delta") or {}
         if delta.get("content"):
             out += self._text_delta(delta["content"])
@@ -304,12 +403,11 @@ class ResponsesStream:
         if self._text is None:
             out += self._close()
             self._text = []
-            item: Json = {"id": item_id, "type": "message", "role": "assistant"}
-            item |= {"status": "in_progress", "content": []}
+            item = _message(item_id, "in_progress", [])
             out += self._event(
                 {"type": "response.output_item.added", "output_index": self._index(), "item": item}
             )
-            part = {"type": "output_text", "text": "", "annotations": []}
+            part = _part("", [])
             out += self._event(
                 {
                     "type": "response.content_part.added",
@@ -336,14 +434,8 @@ class ResponsesStream:
         function = call.get("function") or {}
         if call.get("id"):
             out += self._close()
-            self._call = {
-                "id": "fc_" + self._id.removeprefix("resp_"),
-                "type": "function_call",
-                "call_id": call["id"],
-                "name": function.get("name"),
-                "arguments": "",
-                "status": "in_progress",
-            }
+            item_id = "fc_" + self._id.removeprefix("resp_")
+            self._call = _function_call(item_id, call, "", "in_progress")
             added = {"type": "response.output_item.added", "output_index": self._index()}
             out += self._event(added | {"item": dict(self._call)})
         arguments = function.get("arguments")
@@ -367,16 +459,17 @@ class ResponsesStream:
             text, self._text = "".join(self._text), None
             item_id = "msg_" + self._id.removeprefix("resp_")
             where = {"item_id": item_id, "output_index": index, "content_index": 0}
-            out += self._event({"type": "response.output_text.done"} | where | {"text": text})
-            part: Json = {"type": "output_text", "text": text, "annotations": []}
+            done_text = {"type": "response.output_text.done", "text": text, "logprobs": []}
+            out += self._event(done_text | where)
+            part = _part(text, None)
             out += self._event({"type": "response.content_part.done"} | where | {"part": part})
-            item: Json = {"id": item_id, "type": "message", "role": "assistant"}
-            item |= {"status": "completed", "content": [part]}
+            item = _message(item_id, "completed", [part])
             self.message["content"] = text
         elif self._call is not None:
             item, self._call = self._call | {"status": "completed"}, None
             done = {"type": "response.function_call_arguments.done", "item_id": item["id"]}
-            out += self._event(done | {"output_index": index, "arguments": item["arguments"]})
+            done |= {"output_index": index, "arguments": item["arguments"], "name": item["name"]}
+            out += self._event(done)
             function = {"name": item["name"], "arguments": item["arguments"]}
             call = {"id": item["call_id"], "type": "function", "function": function}
             self.message["tool_calls"] = [*self.message.get("tool_calls", []), call]
@@ -387,11 +480,12 @@ class ResponsesStream:
             {"type": "response.output_item.done", "output_index": index, "item": item}
         )
 
-    def _completed(self, usage: Mapping[str, Any]) -> bytes:
+    def _completed(self, usage: Mapping[str, Any], timings: Json | None) -> bytes:
+        """The closing ``response.completed``, also for an answer that stopped at
+        ``max_output_tokens`` (its status inside is then ``incomplete``), as vLLM sends it."""
         out = self._close()
         used = _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
         status = _status(self._finish)
-        done = response(self._id, self._request, self._created, self._items, used, status)
+        done = response(self._id, self._request, self._created, self._items, used, status, timings)
         self.final = done
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        return out + self._event({"type": kind, "response": done})
+        return out + self._event({"type": "response.completed", "response": done})

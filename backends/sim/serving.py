@@ -24,7 +24,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -202,7 +201,7 @@ class SimServer:
             body = api_messages.error_body(err)
             return Response(body, err.status, media_type="application/json")
         tokens = estimate_prompt_tokens(chat)
-        return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
+        return Response(api_messages.count_body(tokens), media_type="application/json")
 
     def _now(self) -> int:
         return int(self._wall())

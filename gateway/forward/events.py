@@ -5,11 +5,11 @@ Each upstream event (``backends/sse.py``'s ``EventDecoder``: its ``event:`` line
 as the upstream wrote them) is read once, in its API's dialect, into the answer's
 ``Measurement`` and passed on unchanged, batch by batch as the upstream's bytes arrive. The
 answer ends well at its dialect's last event (``message_stop``; ``response.completed``),
-followed by ``[DONE]`` (vLLM's Messages streams) or by the end of the body (the Responses
-API's). An error event the upstream sends is passed on and fails the answer; a stream that
-ends or breaks before its last event ends with an error event of the gateway's own, in the
-API's shape (``gateway/errors.py``). The measurement finishes in ``finally``: finished,
-failed and cancelled streams all count.
+followed by the end of the body (vLLM 0.32's streams of both) or by a ``[DONE]``, passed
+on, where a server sends one. An error event the upstream sends is passed on and fails the
+answer; a stream that ends or breaks before its last event ends with an error event of the
+gateway's own, in the API's shape (``gateway/errors.py``). The measurement finishes in
+``finally``: finished, failed and cancelled streams all count.
 """
 
 from __future__ import annotations

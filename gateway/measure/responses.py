@@ -5,7 +5,9 @@ A stream is ``response.created`` and ``response.in_progress``, then the output i
 (``response.output_item.added``, ``response.output_text.delta`` for text,
 ``response.function_call_arguments.delta`` for a tool call's arguments,
 ``response.reasoning_text.delta`` for reasoning, then their ``.done`` events), then
-``response.completed`` (or ``response.incomplete``) with the whole response and its usage;
+``response.completed`` with the whole response and its usage (vLLM's last event also for an
+answer stopped at ``max_output_tokens``, ``"status": "incomplete"`` inside; a
+``response.incomplete``, where a server sends one, ends it too);
 ``response.failed`` or an ``error`` event is the upstream's error. vLLM writes one delta
 event per engine output, so deltas count engine steps as chat chunks do; its Responses
 answers carry no per-request speculative metrics. The response's ``id`` (of the whole
