@@ -29,6 +29,8 @@ pytestmark = pytest.mark.vllm
 ASK = [{"role": "user", "content": "class Parser:\n    def parse(self, text):\n"}]
 DROP = {"id", "created_at", "created", "item_id", "time_to_first_token_ms"}
 DROP |= {"generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
+# events the anthropic SDK's stream adds of its own beside those on the wire
+SDK_EVENTS = {"text", "input_json", "citation", "thinking", "signature"}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,8 @@ def joined(events: list[dict[str, Any]]) -> dict[str, Any]:
     text, kinds, fields = [], [], {}
     for event in events:
         kind = event["type"]
+        if kind in SDK_EVENTS:
+            continue
         if kind.endswith("delta") and kinds and kinds[-1] == kind:
             pass
         else:
@@ -88,38 +92,44 @@ def joined(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("server", ["standard", "ngram", "draft"])
 def test_messages_are_the_pools_own(stack, gateway, server):
-    via = claude(gateway.url, **{"x-speclane-endpoint": server})
-    direct = claude(url_of(stack, server))
-    request = {"model": stack.model, "max_tokens": 24, "messages": ASK}
-    request["extra_body"] = {"temperature": 0.0}  # anthropic 2.10: no temperature argument
-    raw = via.messages.with_raw_response.create(**request)
-    assert raw.headers["x-speclane-pool"] == server
-    ours = raw.parse().model_dump()
-    assert pruned(ours) == pruned(direct.messages.create(**request).model_dump())
-    assert ours["content"][0]["text"] and ours["usage"]["output_tokens"] == 24
-    with via.messages.stream(**request) as stream:
-        streamed = [event.model_dump() for event in stream]
-    with direct.messages.stream(**request) as stream:
-        assert joined(streamed) == joined([event.model_dump() for event in stream])
+    via, direct = (
+        claude(gateway.url, **{"x-speclane-endpoint": server}),
+        claude(url_of(stack, server)),
+    )
+    with via, direct:
+        request = {"model": stack.model, "max_tokens": 24, "messages": ASK}
+        request["extra_body"] = {"temperature": 0.0}  # anthropic 2.10: no temperature argument
+        raw = via.messages.with_raw_response.create(**request)
+        assert raw.headers["x-speclane-pool"] == server
+        ours = raw.parse().model_dump()
+        assert pruned(ours) == pruned(direct.messages.create(**request).model_dump())
+        assert ours["content"][0]["text"] and ours["usage"]["output_tokens"] == 24
+        with via.messages.stream(**request) as stream:
+            streamed = [event.model_dump() for event in stream]
+        with direct.messages.stream(**request) as stream:
+            assert joined(streamed) == joined([event.model_dump() for event in stream])
 
 
 @pytest.mark.parametrize("server", ["standard", "ngram", "draft"])
 def test_responses_are_the_pools_own(stack, gateway, server):
-    via = codex(gateway.url, **{"x-speclane-endpoint": server})
-    direct = codex(url_of(stack, server))
-    request = {"model": stack.model, "input": ASK[0]["content"], "max_output_tokens": 24}
-    request |= {"temperature": 0.0}
-    raw = via.responses.with_raw_response.create(**request)
-    assert raw.headers["x-speclane-pool"] == server
-    ours = raw.parse().model_dump()
-    assert pruned(ours) == pruned(direct.responses.create(**request).model_dump())
-    assert ours["output_text"] if "output_text" in ours else ours["output"]
-    assert (ours.get("metrics") or {}).get("speculative_decoding") is None
-    streamed = [e.model_dump() for e in via.responses.create(**request, stream=True)]
-    assert joined(streamed) == joined(
-        [e.model_dump() for e in direct.responses.create(**request, stream=True)]
+    via, direct = (
+        codex(gateway.url, **{"x-speclane-endpoint": server}),
+        codex(url_of(stack, server)),
     )
-    assert streamed[-1]["type"] in {"response.completed", "response.incomplete"}
+    with via, direct:
+        request = {"model": stack.model, "input": ASK[0]["content"], "max_output_tokens": 24}
+        request |= {"temperature": 0.0}
+        raw = via.responses.with_raw_response.create(**request)
+        assert raw.headers["x-speclane-pool"] == server
+        ours = raw.parse().model_dump()
+        assert pruned(ours) == pruned(direct.responses.create(**request).model_dump())
+        assert ours["output_text"] if "output_text" in ours else ours["output"]
+        assert (ours.get("metrics") or {}).get("speculative_decoding") is None
+        streamed = [e.model_dump() for e in via.responses.create(**request, stream=True)]
+        assert joined(streamed) == joined(
+            [e.model_dump() for e in direct.responses.create(**request, stream=True)]
+        )
+        assert streamed[-1]["type"] in {"response.completed", "response.incomplete"}
 
 
 def test_count_tokens_passes_through(stack, gateway):
@@ -143,8 +153,7 @@ def test_a_stored_response_is_continued_where_it_is(stack, tmp_path):
         f"endpoints: [{url_of(stack, 'standard')}]}}\n"
         "ladder: [spec, standard]\nrules:\n  - {name: all, start: spec}\n" + PINNED
     )
-    with speclane_serve(tmp_path, text) as gateway:
-        client = codex(gateway.url)
+    with speclane_serve(tmp_path, text) as gateway, codex(gateway.url) as client:
         request = {"model": stack.model, "max_output_tokens": 8, "temperature": 0.0}
         for turn in range(4):
             first = client.responses.create(input=f"def f{turn}(x):\n", store=True, **request)
@@ -182,11 +191,16 @@ def test_messages_and_responses_are_measured_by_their_chunks(stack, tmp_path):
                     extra_body={"temperature": 0.0},
                 ) as stream:
                     stream.until_done()
-        for prompt in prompts:
-            for _ in codex(gateway.url, **headers).responses.create(
-                model=stack.model, input=prompt, max_output_tokens=64, temperature=0.0, stream=True
-            ):
-                pass
+        with codex(gateway.url, **headers) as client:
+            for prompt in prompts:
+                for _ in client.responses.create(
+                    model=stack.model,
+                    input=prompt,
+                    max_output_tokens=64,
+                    temperature=0.0,
+                    stream=True,
+                ):
+                    pass
         delta = counters(running.url) - before
         window = gateway.window("ngram", "ngram")
         metrics = gateway.metrics()
