@@ -85,6 +85,7 @@ class Tally:
     statuses: dict[int, int] = field(default_factory=dict)
     truncated: int = 0
     misshapen: int = 0  # an error (answer or event) not in the shape of its route's API
+    by_route: dict[str, int] = field(default_factory=dict)  # client errors per route
     transport: int = 0
     no_retry_after: int = 0
 
@@ -255,6 +256,7 @@ async def _one(
     tally: Tally,
     route: str = CHAT,
 ) -> None:
+    before = tally.errors
     try:
         async with c.stream("POST", url + route, json=body) as r:
             data = b"".join([chunk async for chunk in r.aiter_bytes()])
@@ -274,6 +276,8 @@ async def _one(
                 tally.misshapen += end == "misshapen"
     except httpx.HTTPError:
         tally.transport += 1
+    if tally.errors > before:
+        tally.by_route[route] = tally.by_route.get(route, 0) + 1
 
 
 async def load(
@@ -708,6 +712,9 @@ def _note(tally: Tally) -> str:
         parts.append(f"silently truncated: {tally.truncated}")
     if tally.misshapen:
         parts.append(f"errors not in the route's shape: {tally.misshapen}")
+    if tally.by_route:
+        routes = ", ".join(f"{r} {n}" for r, n in sorted(tally.by_route.items()))
+        parts.append(f"client errors by route: {routes}")
     if tally.transport:
         parts.append(f"transport errors: {tally.transport}")
     return ", ".join(parts)
