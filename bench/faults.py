@@ -256,7 +256,7 @@ async def _one(
     tally: Tally,
     route: str = CHAT,
 ) -> None:
-    before = tally.errors
+    failed = True
     try:
         async with c.stream("POST", url + route, json=body) as r:
             data = b"".join([chunk async for chunk in r.aiter_bytes()])
@@ -266,17 +266,19 @@ async def _one(
                 tally.no_retry_after += 1
             if not error_shaped(route, _json(data)):
                 tally.misshapen += 1
-        elif body.get("stream"):
-            end = stream_end(route, data)
-            if end == "truncated":
-                tally.truncated += 1
-            elif end != "done":
-                tally.count(-1)  # an honest error event: a client error, not silent
-                tally.statuses[200] -= 1
-                tally.misshapen += end == "misshapen"
+        elif not body.get("stream"):
+            failed = False
+        elif (end := stream_end(route, data)) == "truncated":
+            tally.truncated += 1
+        elif end != "done":
+            tally.count(-1)  # an honest error event: a client error, not silent
+            tally.statuses[200] -= 1
+            tally.misshapen += end == "misshapen"
+        else:
+            failed = False
     except httpx.HTTPError:
         tally.transport += 1
-    if tally.errors > before:
+    if failed:
         tally.by_route[route] = tally.by_route.get(route, 0) + 1
 
 
