@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from backends.sim.config import SimConfig
@@ -216,3 +217,23 @@ async def test_the_hostile_upstreams_valid_answers_are_served(tmp_path, route, s
         assert last["type"] in ("message_stop", "response.completed")
     else:
         assert r.json()["type" if route == MESSAGES else "object"] in ("message", "response")
+
+
+async def test_the_openai_client_reads_a_cut_responses_stream_as_its_error_event(tmp_path):
+    """The ``openai`` client types the gateway's final event as the Responses API's own
+    ``error`` event (``ResponseErrorEvent``), after the events relayed before it."""
+    async with (
+        sim_stack(tmp_path, sim_policy(), SimConfig(time_scale=0.01)) as s,
+        httpx.AsyncClient(timeout=30) as c,
+        openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0) as client,
+    ):
+        faults = {"faults": {"die_rate": 1.0, "die_after_chunks": 4}}
+        assert (await c.post(s.spec + "/sim/control", json=faults)).status_code == 200
+        stream = await client.responses.create(
+            model=MODEL, input="Write a story.", max_output_tokens=40, stream=True
+        )
+        events = [event async for event in stream]
+    last = events[-1]
+    assert isinstance(last, openai.types.responses.ResponseErrorEvent)
+    assert last.code == "upstream_stream_broken"
+    assert last.sequence_number == events[-2].sequence_number + 1
