@@ -106,6 +106,7 @@ ANTHROPIC = {
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
 }
 
 
