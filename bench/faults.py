@@ -1,6 +1,6 @@
 """The long forms of the fault suite (issue 9): a real ``speclane serve`` in front of real
 ``speclane sim`` processes, each in its own process group, driven by the ``openai``-shaped
-requests of ``httpx`` clients.
+requests of ``httpx`` clients, each in the shape of its route's API.
 
 - the fault matrix: the simulator's knobs (``/sim/control``: independent errors, streams
   dropped mid-answer, every endpoint overloaded), SIGKILL and SIGSTOP of an endpoint, and
@@ -10,14 +10,21 @@ requests of ``httpx`` clients.
   length, one 10 MB event, 429 with ``Retry-After``), each as the only rung of its ladder and
   with a healthy rung below, beside normal traffic: what the client gets, the gateway's RSS
   and event-loop lag (the slowest ``/healthz`` meanwhile), and the normal traffic's errors;
-- at least 10,000 fuzzed requests (bodies, headers, methods, paths): no 5xx;
+- at least 10,000 fuzzed requests (bodies, headers, methods, paths; each route's own body
+  fields, ``x-api-key``, ``anthropic-version``): no 5xx, and every 4xx of a model route in
+  its API's shape;
 - a soak at concurrency 64 for ``--soak-s`` (default 10 minutes), with the gateway's RSS,
   open file descriptors and event-loop tasks sampled.
 
-Every OpenAI route the suite drives is in ``ROUTES``: load, fuzz and hostile rows alike.
+Every model route the suite drives is in ``ROUTES``: load, fuzz and hostile rows alike. A
+stream is complete at its API's last event (chat and completions: ``[DONE]``; Messages:
+``message_stop``; Responses: ``response.completed`` or ``response.incomplete``, neither
+followed by ``[DONE]`` on vLLM); every error a client gets, an answer or a stream's final
+event, must be in the shape of its route's API (``error_shaped``), or the row fails.
 
 Writes a table (scenario, requests, client errors, expected, verdict) to bench/RESULTS.md
-under "Fault suite (issue 9)", replacing an earlier one. Usage::
+under "Fault suite (issue 9)": the phases run replace their own rows, the others' rows stay
+with the commands that wrote them. Usage::
 
     .venv/bin/python -m bench.faults                       # everything, 10-minute soak
     .venv/bin/python -m bench.faults --soak-s 120 --fuzz 10000
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import random
@@ -50,7 +58,13 @@ MODEL = "qwen3-32b"
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADING = "## Fault suite (issue 9)"
 HEALTHY = {"error_rate": 0, "die_rate": 0, "stall_rate": 0, "hang_rate": 0, "overloaded": False}
-ROUTES = ("/v1/chat/completions", "/v1/completions")  # every OpenAI route the suite drives
+# every model route the suite drives: OpenAI's chat and completions, Anthropic's Messages,
+# OpenAI's Responses
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+CHAT, COMPLETIONS, MESSAGES, RESPONSES = ROUTES
+# the events that end a stream well, by route (chat and completions end with [DONE]);
+# response.failed ends a Responses stream as its error
+_LAST = {MESSAGES: {"message_stop"}, RESPONSES: {"response.completed", "response.incomplete"}}
 
 
 @dataclass
@@ -70,6 +84,8 @@ class Tally:
 
     statuses: dict[int, int] = field(default_factory=dict)
     truncated: int = 0
+    misshapen: int = 0  # an error (answer or event) not in the shape of its route's API
+    by_route: dict[str, int] = field(default_factory=dict)  # client errors per route
     transport: int = 0
     no_retry_after: int = 0
 
@@ -150,19 +166,87 @@ rules: [{{name: default, start: spec}}]
         os.killpg(self.sims[name][0].popen.pid, sig)
 
 
-def _chat(rng: random.Random, stream: bool, route: str = ROUTES[0]) -> dict[str, Any]:
+def _chat(rng: random.Random, stream: bool, route: str = CHAT) -> dict[str, Any]:
     """A request of ``route``'s shape."""
     words = " ".join(rng.choice(["json", "code", "story", "list", "why"]) for _ in range(8))
-    asked: dict[str, Any] = {"prompt": words}
-    if route.endswith("/chat/completions"):
-        asked = {"messages": [{"role": "user", "content": words}]}
-    return {
-        "model": MODEL,
-        **asked,
-        "max_tokens": rng.randint(4, 24),
-        "temperature": rng.choice([0.0, 0.7, 1.0]),
-        "stream": stream,
-    }
+    most = rng.randint(4, 24)
+    asked: dict[str, Any] = {"prompt": words, "max_tokens": most}
+    if route in (CHAT, MESSAGES):
+        asked = {"messages": [{"role": "user", "content": words}], "max_tokens": most}
+    elif route == RESPONSES:
+        asked = {"input": words, "max_output_tokens": most}
+    return {"model": MODEL, **asked, "temperature": rng.choice([0.0, 0.7, 1.0]), "stream": stream}
+
+
+def error_shaped(route: str, body: Any) -> bool:
+    """An error answer (or error event) in the shape of ``route``'s API: Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` on ``/v1/messages``, OpenAI's
+    ``{"error": {"message", "type", ...}}`` elsewhere; on ``/v1/responses`` mid-stream, the
+    Responses API's ``error`` event (``{"type": "error", "code", "message", ...}``)."""
+    if not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    if route == MESSAGES:
+        return (
+            body.get("type") == "error"
+            and isinstance(error, dict)
+            and isinstance(error.get("type"), str)
+            and isinstance(error.get("message"), str)
+        )
+    if route == RESPONSES and body.get("type") == "error":
+        return isinstance(body.get("message"), str) and "code" in body
+    return (
+        isinstance(error, dict)
+        and isinstance(error.get("message"), str)
+        and isinstance(error.get("type"), str)
+    )
+
+
+def sse_events(data: bytes) -> list[tuple[str | None, Any]]:
+    """A stream's events: each one's ``event:`` name (or None) and its JSON data (the
+    bytes, where they are no JSON)."""
+    events: list[tuple[str | None, Any]] = []
+    for block in data.replace(b"\r\n", b"\n").split(b"\n\n"):
+        name, raw = None, b""
+        for line in block.split(b"\n"):
+            if line.startswith(b"event:"):
+                name = line[6:].strip().decode(errors="replace")
+            elif line.startswith(b"data:"):
+                raw += line[5:].strip()
+        if name is None and not raw:
+            continue
+        try:
+            events.append((name, json.loads(raw)))
+        except ValueError:
+            events.append((name, raw))
+    return events
+
+
+def stream_end(route: str, data: bytes) -> str:
+    """How a 200 stream of ``route`` ended: ``"done"`` (its API's last event; chat and
+    completions: ``[DONE]``), ``"error"`` (an error event in its API's shape, or a Responses
+    ``response.failed``), ``"misshapen"`` (an error event in another shape) or
+    ``"truncated"`` (neither: silently cut)."""
+    if route not in _LAST and data.rstrip().endswith(b"data: [DONE]"):
+        return "done"
+    events = [e for e in sse_events(data) if e[1] != b"[DONE]"]
+    name, last = events[-1] if events else (None, None)
+    kind = last.get("type") if isinstance(last, dict) else None
+    if route in _LAST and kind in _LAST[route]:
+        return "done"
+    if route == RESPONSES and kind == "response.failed":
+        return "error"
+    if name == "error" or kind == "error" or (isinstance(last, dict) and "error" in last):
+        named = route not in _LAST or name == "error"  # Messages' and Responses' are named
+        return "error" if named and error_shaped(route, last) else "misshapen"
+    return "truncated"
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 async def _one(
@@ -170,27 +254,32 @@ async def _one(
     url: str,
     body: dict[str, Any],
     tally: Tally,
-    route: str = ROUTES[0],
+    route: str = CHAT,
 ) -> None:
+    failed = True
     try:
-        if not body.get("stream"):
-            r = await c.post(url + route, json=body)
-            tally.count(r.status_code)
-            if r.status_code in (429, 503) and "retry-after" not in r.headers:
-                tally.no_retry_after += 1
-            return
         async with c.stream("POST", url + route, json=body) as r:
             data = b"".join([chunk async for chunk in r.aiter_bytes()])
-            tally.count(r.status_code)
-            if r.status_code == 200 and not data.endswith(b"data: [DONE]\n\n"):
-                last = data.rstrip().rsplit(b"\n\n", 1)[-1]
-                if b'"error"' not in last:
-                    tally.truncated += 1
-                else:
-                    tally.count(-1)  # an honest error event: a client error, not silent
-                    tally.statuses[200] -= 1
+        tally.count(r.status_code)
+        if r.status_code != 200:
+            if r.status_code in (429, 503) and "retry-after" not in r.headers:
+                tally.no_retry_after += 1
+            if not error_shaped(route, _json(data)):
+                tally.misshapen += 1
+        elif not body.get("stream"):
+            failed = False
+        elif (end := stream_end(route, data)) == "truncated":
+            tally.truncated += 1
+        elif end != "done":
+            tally.count(-1)  # an honest error event: a client error, not silent
+            tally.statuses[200] -= 1
+            tally.misshapen += end == "misshapen"
+        else:
+            failed = False
     except httpx.HTTPError:
         tally.transport += 1
+    if failed:
+        tally.by_route[route] = tally.by_route.get(route, 0) + 1
 
 
 async def load(
@@ -219,7 +308,8 @@ async def matrix(stack: Stack, n: int) -> list[Row]:
         if setup is not None:
             await setup
         tally = await load(stack.url, n, 16, seed=len(rows))
-        rows.append(Row(name, tally.requests, tally.errors, expected, judge(tally), _note(tally)))
+        ok = judge(tally) and tally.misshapen == 0
+        rows.append(Row(name, tally.requests, tally.errors, expected, ok, _note(tally)))
         await stack.control(HEALTHY)
         await settle(stack.url)
         return tally
@@ -277,7 +367,7 @@ async def hostile(url: str, n: int) -> list[Row]:
         tally = await load(url, n, 16, seed=7)
         stop.set()
         await asyncio.gather(*attackers, return_exceptions=True)
-        ok = tally.errors == 0
+        ok = tally.errors == 0 and tally.misshapen == 0
         scenario = f"normal clients during a {name}"
         rows.append(Row(scenario, tally.requests, tally.errors, "0", ok, _note(tally)))
     return rows
@@ -410,6 +500,7 @@ async def _hostile_row(url: str, pid: int, mode: str, alone: bool, n: int) -> Ro
         got <= expected
         and tally.truncated == 0
         and tally.transport == 0
+        and tally.misshapen == 0
         and normal.errors == 0
         and slowest[0] <= HOSTILE_TOTAL_S + 2
     )
@@ -459,21 +550,47 @@ async def hostile_upstreams(sup: Supervisor, tmp: Path, n: int) -> list[Row]:
     return rows
 
 
-def _fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]:
+# the fields each route's fuzzed bodies set to odd values, beside their usual ones
+_FUZZED_KEYS = {
+    CHAT: ["model", "messages", "temperature", "top_p", "max_tokens", "stream", "n", "tools",
+           "response_format", "stream_options", "user", "logprobs", "stop", "seed", "zz"],
+    COMPLETIONS: ["model", "prompt", "max_tokens", "stream", "n", "echo", "logprobs", "stop",
+                  "suffix", "best_of", "stream_options", "zz"],
+    MESSAGES: ["model", "messages", "max_tokens", "system", "stream", "temperature", "top_k",
+               "top_p", "stop_sequences", "tools", "tool_choice", "metadata", "thinking", "zz"],
+    RESPONSES: ["model", "input", "instructions", "max_output_tokens", "stream", "tools",
+                "tool_choice", "text", "reasoning", "previous_response_id", "store", "user",
+                "temperature", "include", "zz"],
+}  # fmt: skip
+_ODD_CONTENT = [
+    {"type": "text"}, {"type": "image", "source": {}}, {"type": "tool_result"},
+    {"type": "input_text", "text": 3}, {"type": "function_call_output", "output": None},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": 1, "input": "x"}]},
+]  # fmt: skip
+
+
+def fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]:
     values: list[Any] = [
         None, True, -1, 0, 1e308, "x" * rng.randint(0, 5000), [], {}, "\u0000", "\ud7ff",
-        [[[[[]]]]], {"a": {"b": {}}}, 2**70, -0.0, "NaN",
+        [[[[[]]]]], {"a": {"b": {}}}, 2**70, -0.0, "NaN", rng.choice(_ODD_CONTENT),
+        [rng.choice(_ODD_CONTENT)],
     ]  # fmt: skip
-    body: dict[str, Any] = _chat(rng, rng.random() < 0.3)
+    method = rng.choice(["POST"] * 8 + ["GET", "PUT"])
+    path = rng.choice(
+        [CHAT] * 3 + [MESSAGES] * 2 + [RESPONSES] * 2 + list(ROUTES)
+        + ["/v1/models", "/admin/audit?limit=abc", "/%ff"]
+    )  # fmt: skip
+    route = path if path in ROUTES else CHAT
+    body: dict[str, Any] = _chat(rng, rng.random() < 0.3, route)
     for _ in range(rng.randint(1, 4)):
-        key = rng.choice(
-            ["model", "messages", "temperature", "top_p", "max_tokens", "stream", "n", "tools",
-             "response_format", "stream_options", "user", "logprobs", "stop", "seed", "zz"]
-        )  # fmt: skip
-        body[key] = rng.choice(values)
-    if rng.random() < 0.3 and isinstance(body.get("messages"), list):
-        body["messages"] = [
-            {"role": rng.choice(["user", "tool", "x", 3]), "content": rng.choice(values)}
+        body[rng.choice(_FUZZED_KEYS[route])] = copy.deepcopy(rng.choice(values))
+    turns = body.get("messages", body.get("input"))
+    if rng.random() < 0.3 and isinstance(turns, list):
+        turns[:] = [
+            {
+                "role": rng.choice(["user", "tool", "x", 3]),
+                "content": copy.deepcopy(rng.choice(values)),
+            }
         ]
     raw = json.dumps(body).encode()
     shape = rng.random()
@@ -483,28 +600,31 @@ def _fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes
         raw = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 200)))
     elif shape < 0.2:
         depth = rng.randint(100, 3000)
-        raw = (
-            b'{"model": "%s", "messages": [], "x": ' % MODEL.encode()
-            + b"[" * depth
-            + b"]" * depth
-            + b"}"
-        )
+        raw = b'{"model": "%s", "messages": [], "x": ' % MODEL.encode()
+        raw += b"[" * depth + b"]" * depth + b"}"
     headers = {"content-type": rng.choice(["application/json", "text/plain", "x/\u00e9"])}
     if rng.random() < 0.2:
         headers["x-request-id"] = rng.choice(["ok-1", "a b", "x" * 500, "\u00ff"])
+    if rng.random() < 0.3:
+        headers["x-api-key"] = rng.choice(["", "sk-ant-x", "k" * 5000, "\u00ff\u00fe", "a,b"])
+    if rng.random() < 0.3:
+        headers["anthropic-version"] = rng.choice(
+            ["2023-06-01", "", "1999-01-01", "x" * 3000, "\u00e9"]
+        )
+    if rng.random() < 0.1:
+        headers["anthropic-beta"] = rng.choice(["tools-2024-04-04", ",,,", "\u00ff"])
     encoded = {k: v.encode() for k, v in headers.items()}  # UTF-8 bytes, not ASCII
-    method = rng.choice(["POST"] * 8 + ["GET", "PUT"])
-    path = rng.choice(
-        [ROUTES[0]] * 5 + list(ROUTES) + ["/v1/models", "/admin/audit?limit=abc", "/%ff"]
-    )
     return method, path, encoded, raw
 
 
 async def fuzz(url: str, count: int) -> Row:
+    """``count`` fuzzed requests: no 5xx, and every 4xx a POST to a model route gets in the
+    shape of that route's API (404 and 405 of routing are vLLM's own ``{"detail": ...}``)."""
     rng = random.Random(9)
-    requests = [_fuzz_request(rng) for _ in range(count)]
+    requests = [fuzz_request(rng) for _ in range(count)]
     tally = Tally()
-    fives: list[str] = []
+    bad: list[str] = []
+    routes: dict[str, int] = {}
     left = iter(requests)
 
     async def worker() -> None:
@@ -513,19 +633,30 @@ async def fuzz(url: str, count: int) -> Row:
                 try:
                     r = await c.request(method, url + path, headers=headers, content=raw)
                     await r.aread()
-                    tally.count(r.status_code)
-                    if r.status_code >= 500 and len(fives) < 5:
-                        fives.append(f"{r.status_code} {path} {raw[:80]!r}")
                 except httpx.HTTPError:
                     tally.transport += 1
+                    continue
+                tally.count(r.status_code)
+                routes[path] = routes.get(path, 0) + 1
+                shaped = r.status_code < 400 or r.status_code >= 500 or method != "POST"
+                if path in ROUTES and not shaped and not error_shaped(path, _json(r.content)):
+                    tally.misshapen += 1
+                    if len(bad) < 5:
+                        bad.append(f"{r.status_code} {path} {r.content[:120]!r}")
+                if r.status_code >= 500 and len(bad) < 5:
+                    bad.append(f"{r.status_code} {path} {raw[:80]!r}")
 
     await asyncio.gather(*(worker() for _ in range(16)))
     five = sum(v for k, v in tally.statuses.items() if k >= 500) + tally.transport
     note = ", ".join(f"{k}: {v}" for k, v in sorted(tally.statuses.items()))
-    if fives:
-        note += "; first 5xx: " + " | ".join(fives)
-    return Row("fuzzed requests (bodies, headers, methods, paths)", tally.requests, five,
-               "0 5xx", five == 0, note)  # fmt: skip
+    note += "; " + ", ".join(f"{p} {routes.get(p, 0)}" for p in ROUTES)
+    if tally.misshapen:
+        note += f"; 4xx not in the route's shape: {tally.misshapen}"
+    if bad:
+        note += "; first failures: " + " | ".join(bad)
+    return Row("fuzzed requests (bodies, headers, methods, paths; every model route)",
+               tally.requests, five + tally.misshapen, "0 5xx; every 4xx in its API's shape",
+               five == 0 and tally.misshapen == 0, note)  # fmt: skip
 
 
 def _sample(pid: int, url: str) -> tuple[float, int, float]:
@@ -581,37 +712,87 @@ def _note(tally: Tally) -> str:
     ]
     if tally.truncated:
         parts.append(f"silently truncated: {tally.truncated}")
+    if tally.misshapen:
+        parts.append(f"errors not in the route's shape: {tally.misshapen}")
+    if tally.by_route:
+        routes = ", ".join(f"{r} {n}" for r, n in sorted(tally.by_route.items()))
+        parts.append(f"client errors by route: {routes}")
     if tally.transport:
         parts.append(f"transport errors: {tally.transport}")
     return ", ".join(parts)
 
 
-def write(rows: list[Row], soak_lines: list[str], command: str) -> None:
+def _phase(scenario: str) -> str:
+    """The phase of ``main``'s that wrote a row of the table."""
+    for prefix, phase in (("hostile upstream", "hostile"), ("fuzzed", "fuzz"), ("soak", "soak")):
+        if scenario.startswith(prefix):
+            return phase
+    return "matrix"
+
+
+def _earlier(section: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """An earlier table's rows, each phase's command, and its soak samples."""
+    lines = section.splitlines()
+    cells = [ln for ln in lines if ln.startswith("| ") and not ln.startswith(("| -", "| s |"))]
+    rows = [ln for ln in cells if ln.count("|") == 7 and not ln.startswith("| scenario")]
+    soak = [ln for ln in cells if ln.count("|") == 5]
+    commands: dict[str, str] = {}
+    for line in lines:
+        if line.startswith("- ") and ": `" in line:  # "- matrix, soak: `command`"
+            phases, _, rest = line[2:].partition(": `")
+            for phase in phases.split(", "):
+                commands[phase] = rest.split("`")[0]
+        elif line.startswith("`python -m bench.faults"):  # one command for every row
+            commands = dict.fromkeys(("matrix", "hostile", "fuzz", "soak"), line.split("`")[1])
+    return rows, commands, soak
+
+
+def write(rows: list[Row], soak_lines: list[str], command: str, phases: list[str]) -> None:
+    """Replace the rows of ``phases`` in the table, keeping the other phases' rows (and the
+    soak's samples) from the runs that wrote them."""
+    text = RESULTS.read_text()
+    start = text.find(HEADING)
+    end = text.find("\n## ", start + len(HEADING)) if start >= 0 else -1
+    section = text[start : end if end >= 0 else len(text)] if start >= 0 else ""
+    kept, commands, samples = _earlier(section)
+    kept = [ln for ln in kept if _phase(ln.split("|")[1].strip()) not in phases]
+    commands |= dict.fromkeys(phases, command)
+    samples = soak_lines or ([] if "soak" in phases else samples)
+    order = {"matrix": 0, "hostile": 1, "fuzz": 2, "soak": 3}
+    new = [
+        f"| {r.scenario} | {r.requests} | {r.errors} | {r.expected} | "
+        f"{'pass' if r.verdict else 'FAIL'} | {r.note} |"
+        for r in rows
+    ]
+    table_rows = sorted(kept + new, key=lambda ln: order[_phase(ln.split("|")[1].strip())])
+    by_command: dict[str, list[str]] = {}
+    for phase in sorted(commands, key=order.__getitem__):
+        by_command.setdefault(commands[phase], []).append(phase)
     table = [
         HEADING,
         "",
-        f"`{command}` (2 shared cores; simulators at `--time-scale 0.01`, ~half streaming).",
-        "Client errors: any answer but 200, streams ending in an SSE error event, silently",
-        "truncated streams and transport errors (for the fuzz row: 5xx and transport errors).",
+        "Each phase's rows come from its last run (2 shared cores; simulators at",
+        "`--time-scale 0.01`, ~half streaming; the routes of `ROUTES` at the time):",
+        "",
+        *(f"- {', '.join(p)}: `{c}`" for c, p in by_command.items()),
+        "",
+        "Client errors: any answer but 200, streams ending in an error event, silently",
+        "truncated streams, errors not in the shape of their route's API and transport errors",
+        "(for the fuzz row: 5xx, transport errors and 4xx not in their route's shape).",
         "",
         "| scenario | requests | client errors | expected | verdict | detail |",
         "| --- | ---: | ---: | --- | --- | --- |",
-        *(
-            f"| {r.scenario} | {r.requests} | {r.errors} | {r.expected} | "
-            f"{'pass' if r.verdict else 'FAIL'} | {r.note} |"
-            for r in rows
-        ),
+        *table_rows,
     ]
-    if soak_lines:
+    if samples:
         table += ["", "Soak samples of the gateway process:", "",
                   "| s | RSS MiB | fds | event-loop tasks |", "| ---: | ---: | ---: | ---: |",
-                  *soak_lines]  # fmt: skip
-    text = RESULTS.read_text()
-    start = text.find(HEADING)
-    if start >= 0:
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + text[end + 1 :] if end >= 0 else text[:start]
-    RESULTS.write_text(text.rstrip("\n") + "\n\n" + "\n".join(table) + "\n")
+                  *samples]  # fmt: skip
+    after = text[end + 1 :] if start >= 0 and end >= 0 else ""
+    before = text[:start] if start >= 0 else text
+    RESULTS.write_text(
+        before.rstrip("\n") + "\n\n" + "\n".join(table) + "\n" + ("\n" + after if after else "")
+    )
 
 
 async def main_async(args: argparse.Namespace) -> list[Row]:
@@ -632,7 +813,7 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
                 rows += await matrix(stack, args.requests)
             stack.close()
     command = "python -m bench.faults " + " ".join(sys.argv[1:])
-    write(rows, soak_lines, command.strip())
+    write(rows, soak_lines, command.strip(), args.only)
     return rows
 
 

@@ -6,7 +6,9 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
     ApiError(status=, message=, type=, param=, code=)   -> {"error": {...}} with that status
      │                                      (on Anthropic's routes, /v1/messages...,
      │                                      {"type": "error", "error": {"type", "message"}},
-     │                                      the type named by the status: ``ANTHROPIC``)
+     │                                      the type named by the status: ``ANTHROPIC``;
+     │                                      a Responses stream's final error event is
+     │                                      ``event: error`` {"type": "error", "code", ...})
      │ the model routes (gateway/pipeline.py, gateway/schema.py, gateway/gate.py,
      │ gateway/identity.py)
      ├── 400 invalid_request_error          bad JSON, a bad field (``param`` names it)
@@ -94,7 +96,7 @@ from backends.errors import (
 
 JSON = "application/json"
 BROKEN = "upstream_stream_broken"
-Shape = Literal["openai", "anthropic"]
+Shape = Literal["openai", "anthropic", "responses"]
 # Anthropic's error type for each status the gateway answers with; any other is api_error
 ANTHROPIC = {
     400: "invalid_request_error",
@@ -104,12 +106,16 @@ ANTHROPIC = {
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
 }
 
 
 def shape_of(path: str) -> Shape:
-    """The error shape of the API served at ``path``: Anthropic's under ``/v1/messages``."""
-    return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
+    """The error shape of the API served at ``path``: Anthropic's under ``/v1/messages``;
+    under ``/v1/responses`` OpenAI's, with the Responses API's own error event."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "responses" if path == "/v1/responses" or path.startswith("/v1/responses/") else "openai"
 
 
 class UpstreamErrorEvent(Exception):
@@ -152,9 +158,14 @@ class ApiError(Exception):
             headers = {**(headers or {}), "retry-after": str(math.ceil(self.retry_after_s))}
         return Response(orjson.dumps(self.body(shape)), self.status, headers, media_type=JSON)
 
-    def sse(self, shape: Shape = "openai") -> bytes:
-        """The final event of a stream that failed after its first byte (Anthropic's names
-        its event ``error``)."""
+    def sse(self, shape: Shape = "openai", sequence_number: int = 0) -> bytes:
+        """The final event of a stream that failed after its first byte. Anthropic's and
+        the Responses API's are named ``error``; the Responses API's carries the error's
+        fields flat, numbered ``sequence_number`` (the stream's next)."""
+        if shape == "responses":
+            event = {"type": "error", "code": self.code, "message": self.message,
+                     "param": self.param, "sequence_number": sequence_number}  # fmt: skip
+            return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
         data = b"data: " + orjson.dumps(self.body(shape)) + b"\n\n"
         return b"event: error\n" + data if shape == "anthropic" else data
 

@@ -4,7 +4,9 @@ reads).
 
 Only the fields routing reads are validated; every other field (``tool_choice``,
 ``logprobs``, vendor extras) is kept and passed upstream untouched (``extra="allow"``).
-Bad input raises ``ApiError`` 400 naming the field. JSON nested deeper than ``MAX_DEPTH``
+Bad input raises ``ApiError`` 400 naming the field. A ``stream`` that validation read as a
+boolean from another type (``"yes"``, ``1``) is forwarded as that boolean, so that the
+upstream streams exactly when routing expects it to. JSON nested deeper than ``MAX_DEPTH``
 levels is refused here, once, with a 400: the gateway writes the payload out again to send it
 upstream, and every JSON writer has a depth limit of its own (orjson's is 255).
 """
@@ -197,9 +199,12 @@ def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
         raise bad_request(f"the body is nested deeper than {MAX_DEPTH} levels")
     model = _MODELS[kind]
     try:
-        return model.model_validate(payload), payload
+        parsed = model.model_validate(payload)
     except ValidationError as exc:
         raise _invalid(exc) from None
+    if "stream" in payload and payload["stream"] is not parsed.stream:
+        payload["stream"] = parsed.stream  # "yes", 1: upstream streams as routing read it
+    return parsed, payload
 
 
 def _deeper_than(value: object, limit: int) -> bool:

@@ -8,8 +8,9 @@ answer ends well at its dialect's last event (``message_stop``; ``response.compl
 followed by the end of the body (vLLM 0.32's streams of both) or by a ``[DONE]``, passed
 on, where a server sends one. An error event the upstream sends is passed on and fails the
 answer; a stream that ends or breaks before its last event ends with an error event of the
-gateway's own, in the API's shape (``gateway/errors.py``). The measurement finishes in
-``finally``: finished, failed and cancelled streams all count.
+gateway's own, in the API's shape (``gateway/errors.py``; a Responses one numbered after
+the last it relayed). The measurement finishes in ``finally``: finished, failed and
+cancelled streams all count.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-from backends.errors import StreamBroken
+from backends.errors import AnswerTimeout, StreamBroken
 from backends.pool import Opened
 from backends.sse import data_of
 from backends.upstream import DONE
@@ -40,7 +41,16 @@ RELAYED: dict[str, EventDialect] = {
 class EventRelay:
     """One upstream stream of whole events, read once, for one client."""
 
-    __slots__ = ("_clock", "_dialect", "_error", "_measurement", "_opened", "_shape", "_status")
+    __slots__ = (
+        "_clock",
+        "_dialect",
+        "_error",
+        "_measurement",
+        "_next",
+        "_opened",
+        "_shape",
+        "_status",
+    )
 
     def __init__(
         self,
@@ -58,6 +68,7 @@ class EventRelay:
         self._shape = shape
         self._status = Status.CANCELLED
         self._error = ""
+        self._next = 0  # the sequence_number an event of the gateway's own takes
 
     @property
     def finished(self) -> bool:
@@ -93,7 +104,9 @@ class EventRelay:
             self._status = Status.OK
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
-            yield from_backend(StreamBroken(self._error)).sse(self._shape)
+            late = isinstance(exc, AnswerTimeout)  # the request's time ran out: a timeout
+            failed = from_backend((AnswerTimeout if late else StreamBroken)(self._error))
+            yield failed.sse(self._shape, self._next)
         finally:
             self._opened.close(failed=self._status is Status.ERROR)
             self._measurement.finish(self._status, self._error)
@@ -106,6 +119,8 @@ class EventRelay:
         event = orjson.loads(data)
         if not isinstance(event, dict):
             raise StreamBroken("upstream sent an event that is not a JSON object")
+        if isinstance(sequence := event.get("sequence_number"), int):
+            self._next = sequence + 1
         failure = self._dialect.event(self._measurement, event, now)
         if failure is not None:
             self._fail(failure[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import orjson
 import pytest
 
 import gateway.errors
@@ -74,3 +75,21 @@ def test_the_docstring_draws_every_code_the_gateway_answers_with():
     assert {"model_not_found", "too_many_requests", "upstream_error"} <= codes
     missing = sorted(c for c in codes if c not in tree)
     assert not missing, f"gateway/errors.py's docstring lacks {missing}"
+
+
+def test_a_failed_stream_ends_with_its_apis_own_error_event():
+    """Anthropic's and the Responses API's final error events are named ``error``; the
+    Responses API's carries the error flat, numbered as the stream's next event."""
+    error = from_backend(StreamBroken("cut"))
+    assert error.sse().startswith(b'data: {"error":{')
+    assert error.sse("anthropic").startswith(b'event: error\ndata: {"type":"error","error":{')
+    name, data = error.sse("responses", 7).split(b"\n", 1)
+    event = orjson.loads(data.removeprefix(b"data: "))
+    assert name == b"event: error"
+    assert event == {
+        "type": "error",
+        "code": "upstream_stream_broken",
+        "message": "cut",
+        "param": None,
+        "sequence_number": 7,
+    }

@@ -74,3 +74,15 @@ def test_one_depth_limit_for_every_depth_past_it(levels):
 def test_the_deepest_body_accepted_can_be_written_out_again():
     _, payload = parse(nested(128), "chat")
     assert orjson.loads(orjson.dumps(payload)) == payload
+
+
+@pytest.mark.parametrize("kind", ["chat", "messages", "responses"])
+@pytest.mark.parametrize(("sent", "read"), [("yes", True), (1, True), ("false", False)])
+def test_a_stream_read_from_another_type_is_forwarded_as_the_boolean_read(kind, sent, read):
+    """The upstream streams exactly when routing expects it to: a Messages or Responses
+    stream is relayed as the upstream sends it."""
+    body = {"model": "m", "stream": sent, "max_tokens": 4}
+    turn = {"role": "user", "content": "x"}
+    body |= {"input": "x"} if kind == "responses" else {"messages": [turn]}
+    parsed, payload = parse(orjson.dumps(body), kind)
+    assert parsed.stream is read and payload["stream"] is read

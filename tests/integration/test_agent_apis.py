@@ -366,7 +366,11 @@ async def test_a_stream_cut_part_way_ends_with_an_error_event_in_the_apis_shape(
                 b'event: error\ndata: {"type":"error","error":{"type":"api_error"'
             )
         else:
-            assert b'"code":"upstream_stream_broken"' in last and b'"error":{' in last
+            name, data = last.split(b"\n", 1)
+            assert name == b"event: error"
+            event = json.loads(data.removeprefix(b"data: "))
+            assert event["type"] == "error" and event["code"] == "upstream_stream_broken"
+            assert event["sequence_number"] > 0  # after the last event relayed
         records = stack.services.outcomes.recent()
         assert [r["status"] for r in records] == ["error"]
 
