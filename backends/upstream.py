@@ -12,6 +12,10 @@ some fields only once the engine takes the request, after it has answered 200, a
 sends the error as the first event (``{"error": {..., "code": 400}}``); such an event, or one
 right after the chat role chunk, fails the open like an HTTP error with that status would: a
 4xx is ``UpstreamRejected`` carrying the event as the body, anything else ``Unavailable``.
+Messages and Responses streams open with events written before the engine's first output
+(``message_start``; ``response.created``, ``response.in_progress``): the events after them
+are read and checked the same way before the stream counts as open (an ``error`` event, a
+``response.failed``; Anthropic's error types give the client's statuses).
 
 What is not an answer is not passed on as one (``BadAnswer``, and the pools try another
 endpoint): a 200 whose whole body, or whose stream's first event, is not a JSON object, and
@@ -49,6 +53,19 @@ from backends.sse import EventDecoder, SSEDecoder, data_of
 DONE = b"[DONE]"
 _ERROR_BODY_LIMIT = 64 * 1024
 _RETRY_AFTER_MAX_S = 3600.0  # an upstream's Retry-After is kept up to this
+# The events a Messages or Responses stream opens with before the engine's first output:
+# vLLM writes them when its chat stream's role chunk comes, so an error the engine finds
+# after accepting the request follows them, as it follows the role chunk in chat.
+_PRELUDES = frozenset({"message_start", "ping", "response.created", "response.in_progress"})
+_MAX_PRELUDES = 8
+# Anthropic's error types that are the client's, and their statuses (its API's errors page)
+_ANTHROPIC_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+}
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
@@ -152,7 +169,7 @@ class UpstreamStream:
         self._pending.pop(0)
         self.done = self.first == DONE
         if self._events and not self.done:
-            _check_event(data_of(self.first) or b"")
+            await self._past_preludes(_check_event(data_of(self.first) or b""))
         elif not self.done:
             _check_event(self.first)
             if _is_prelude(self.first):
@@ -160,6 +177,23 @@ class UpstreamStream:
                 if second != DONE:
                     _check_event(second)
         return self.first
+
+    async def _past_preludes(self, event: dict[str, Any]) -> None:
+        """Check the events after an opening prelude (``_PRELUDES``) up to the first that
+        is not one, leaving them all pending: an error among them fails the open, so the
+        request goes elsewhere before any byte is sent."""
+        index = 0
+        while event.get("type") in _PRELUDES and index < _MAX_PRELUDES:
+            while len(self._pending) <= index:
+                with _mapped(started=False):
+                    chunk = await self._response.chunk()
+                if not chunk:
+                    return  # the end of the body: for the reader of the events to judge
+                self._pending += self._feed(chunk, BadAnswer)
+            if self._pending[index] == DONE:
+                return
+            event = _check_event(data_of(self._pending[index]) or b"")
+            index += 1
 
     @property
     def limit(self) -> int:
@@ -445,9 +479,10 @@ def _raise_status(status: int | None, body: bytes, told_s: float | None = None) 
     raise UpstreamRejected(status, body)
 
 
-def _check_event(data: bytes) -> None:
-    """Raise ``BadAnswer`` when an opening event is not a JSON object, and as for an HTTP
-    error when it is an error object instead of a chunk."""
+def _check_event(data: bytes) -> dict[str, Any]:
+    """The opening event, parsed. Raise ``BadAnswer`` when it is not a JSON object, and as
+    for an HTTP error when it is an error instead of a chunk: chat's ``{"error": {...}}``,
+    an Anthropic or Responses ``error`` event, or ``response.failed``."""
     try:
         event = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -455,13 +490,32 @@ def _check_event(data: bytes) -> None:
     if not isinstance(event, dict):
         raise BadAnswer(f"upstream opened its stream with no JSON object: {data[:80]!r}")
     if b'"error"' not in data or event.get("choices"):
-        return
-    error = event.get("error")
-    if not isinstance(error, dict):
-        return
-    code = error.get("code")
+        return event
+    error = _error_of(event)
+    if error is None:
+        return event
+    code, kind = error.get("code"), error.get("type")
     status = code if isinstance(code, int) and 400 <= code <= 599 else None
+    if status is None and isinstance(kind, str):
+        status = _ANTHROPIC_STATUS.get(kind)
     _raise_status(status, data)
+    return event
+
+
+def _error_of(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The error an event carries: chat's and Anthropic's under ``error``, the Responses
+    API's ``error`` event itself, a failed response's ``response.error``."""
+    kind = event.get("type")
+    inner = event.get("error")
+    if isinstance(inner, dict):
+        return inner
+    if kind == "error":
+        return event
+    response = event.get("response")
+    if kind == "response.failed" and isinstance(response, dict):
+        failed = response.get("error")
+        return failed if isinstance(failed, dict) else {}
+    return None
 
 
 def _is_prelude(data: bytes) -> bool:

@@ -238,7 +238,10 @@ def rejected(
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return Response(exc.body, exc.status, headers, media_type=JSON)
-    message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
+    if isinstance(body, dict) and isinstance(body.get("message"), str):  # a Responses event
+        message = body["message"][:500]
+    else:
+        message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
     error = ApiError(status=exc.status, message=message, code="upstream_rejected")
     return error.response(headers, shape)
 
