@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from backends.sim.model import CostModel
 from gateway.demo.policy import SPEC_POOL, STANDARD_POOL
 from gateway.demo.replay import ReplayRow
@@ -19,9 +20,10 @@ from gateway.report import render as pilot
 
 _PREFILL_NOTE = (
     "Per-workload rows also show who shares a server: in the adaptive run the standard server "
-    "carries every long-context prompt, and the simulator prefills a prompt in one engine step "
-    f"(no chunked prefill), so a {DOCUMENT_TOKENS // 1000}k-token summary stalls everything on "
-    f"that server for ~{CostModel().prefill_per_token_s * DOCUMENT_TOKENS:.1f} s of model time."
+    "carries every long-context prompt, and the simulator prefills as vLLM does, in chunks of "
+    f"at most {DEFAULT_MAX_NUM_BATCHED_TOKENS} tokens a step beside the decodes, so a "
+    f"{DOCUMENT_TOKENS // 1000}k-token summary slows the steps it shares on that server by "
+    f"~{CostModel().prefill_per_token_s * DOCUMENT_TOKENS:.1f} s of model time in all."
 )
 
 
