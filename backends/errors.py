@@ -18,6 +18,19 @@ once it has decided what to do about them (``gateway/errors.py``).
 
 from __future__ import annotations
 
+# Anthropic's error type for each status (its API's errors page); any other is api_error.
+# The gateway answers with them; an upstream's Messages stream reports its errors by them.
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
 
 class BackendError(Exception):
     """Base of every error a backend raises. ``retry_after_s``, when set, is how long a

@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from backends.errors import (
+    ANTHROPIC_TYPES,
     AnswerTimeout,
     BackendError,
     BadAnswer,
@@ -58,14 +59,7 @@ _RETRY_AFTER_MAX_S = 3600.0  # an upstream's Retry-After is kept up to this
 # after accepting the request follows them, as it follows the role chunk in chat.
 _PRELUDES = frozenset({"message_start", "ping", "response.created", "response.in_progress"})
 _MAX_PRELUDES = 8
-# Anthropic's error types that are the client's, and their statuses (its API's errors page)
-_ANTHROPIC_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-}
+_ANTHROPIC_STATUS = {kind: status for status, kind in ANTHROPIC_TYPES.items()}
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 

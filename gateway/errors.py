@@ -85,6 +85,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backends.errors import (
+    ANTHROPIC_TYPES,
     AnswerTimeout,
     BackendError,
     BadAnswer,
@@ -97,17 +98,7 @@ from backends.errors import (
 JSON = "application/json"
 BROKEN = "upstream_stream_broken"
 Shape = Literal["openai", "anthropic", "responses"]
-# Anthropic's error type for each status the gateway answers with; any other is api_error
-ANTHROPIC = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
+ANTHROPIC = ANTHROPIC_TYPES  # the error type of each status, on Anthropic's routes
 
 
 def shape_of(path: str) -> Shape:

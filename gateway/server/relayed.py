@@ -61,17 +61,6 @@ _ANTHROPIC = {"/v1/messages/count_tokens"}
 _FORWARDED = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _MODEL_FIELD = re.compile(rb'content-disposition:[^\r\n]*\bname="model"', re.IGNORECASE)
-# Anthropic's error types by status: https://docs.anthropic.com/en/api/errors
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,13 +228,7 @@ def _failed(
     services.telemetry.error(exc.status, exc.code or exc.type)
     trace.end(exc.status, exc)
     headers = {"x-request-id": request_id, **(exc.headers or {})}
-    if route not in _ANTHROPIC:
-        return exc.response(headers)
-    kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
-    body = {"type": "error", "error": {"type": kind, "message": exc.message}}
-    if exc.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
-    return Response(orjson.dumps(body), exc.status, headers, media_type=JSON)
+    return exc.response(headers, "anthropic" if route in _ANTHROPIC else "openai")
 
 
 def _target(request: Request) -> str:
