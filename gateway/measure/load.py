@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,10 @@ class Smoothed:
         self.last = value
 
 
+def _doubles() -> array[float]:
+    return array("d")
+
+
 @dataclass(slots=True)
 class _Endpoint:
     count: float = 0.0
@@ -78,10 +83,11 @@ class _Endpoint:
     others: float | None = None
     others_area: float = 0.0
     scraped_at: float = -math.inf
-    times: list[float] = field(default_factory=list)
-    areas: list[float] = field(default_factory=list)
-    prefill_times: list[float] = field(default_factory=list)
-    prefilled: list[float] = field(default_factory=list)
+    # histories as packed doubles: 8 bytes an entry, where a list of floats takes 32
+    times: array[float] = field(default_factory=_doubles)
+    areas: array[float] = field(default_factory=_doubles)
+    prefill_times: array[float] = field(default_factory=_doubles)
+    prefilled: array[float] = field(default_factory=_doubles)
 
     def area_at(self, t: float) -> float:
         """The integral up to ``t``, interpolated between samples."""
