@@ -71,6 +71,13 @@ def split(url: str) -> tuple[Origin, bytes]:
     return Origin(parts.scheme, host, port, header.encode("idna")), target.encode()
 
 
+def _fresh(error: BaseException) -> BaseException:
+    """A new exception like ``error``, to raise in its place: the one kept on the
+    connection is never raised, so no traceback of it holds the frames that hold the
+    connection (a reference cycle)."""
+    return type(error)(*error.args)
+
+
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
@@ -84,7 +91,7 @@ class _Connection(asyncio.Protocol):
     ) -> None:
         self._loop = loop
         self._on_lost = on_lost
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False
@@ -119,6 +126,8 @@ class _Connection(asyncio.Protocol):
         if not self._busy:
             self._fail(BadResponse("the upstream sent bytes nobody asked for"))
             return
+        if self._parser is None:
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -136,6 +145,11 @@ class _Connection(asyncio.Protocol):
                 self.error = Disconnected(f"the upstream closed the connection: {exc or 'EOF'}")
         self._wake()
         self._on_lost(self)
+        # the parser holds this protocol's callbacks and the transport holds the protocol:
+        # dropping both leaves no reference cycle, so the connection, its transport and its
+        # parser are freed with their last reference instead of at a rare full collection
+        self._parser = None
+        self._transport = None
 
     # --- the parser's callbacks --------------------------------------------------------------
 
@@ -153,6 +167,7 @@ class _Connection(asyncio.Protocol):
             self._framed = True
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # called from ``feed_data``
         self.status = self._parser.get_status_code()
         self.head_done = True
         self._wake()
@@ -167,6 +182,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
+        assert self._parser is not None  # called from ``feed_data``
         self.keep_alive = self._parser.should_keep_alive()
         self._wake()
         if self.on_complete is not None:
@@ -184,7 +200,7 @@ class _Connection(asyncio.Protocol):
     async def head(self, idle_s: float) -> int:
         while not self.head_done:
             if self.error is not None:
-                raise self.error
+                raise _fresh(self.error)
             await self._wait(idle_s)
         return self.status
 
@@ -203,7 +219,7 @@ class _Connection(asyncio.Protocol):
             if self.complete:
                 return b""
             if self.error is not None:
-                raise self.error
+                raise _fresh(self.error)
             left = idle_s if deadline is None else min(idle_s, deadline - self._loop.time())
             await self._wait(left)
 
@@ -355,7 +371,7 @@ class Client:
         """Reuse ``conn`` once its answer has ended; close it if that takes too long."""
         if conn.reusable:
             self._keep(origin, conn)
-        elif conn.closed or conn.error is not None or not conn.head_done:
+        elif conn.complete or conn.closed or conn.error is not None or not conn.head_done:
             conn.close()
         else:
             timer = asyncio.get_running_loop().call_later(_LINGER_S, conn.close)

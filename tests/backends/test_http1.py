@@ -4,20 +4,23 @@ byte, so each test says exactly what the upstream sends and when."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
 
-from backends.http1 import BadResponse, Client, ConnectError, Disconnected, split
+from backends.http1 import BadResponse, Client, ConnectError, Disconnected, _Connection, split
 
 pytestmark = pytest.mark.anyio
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+LOOPS = ["asyncio", ("asyncio", {"use_uvloop": True})]  # the tests' loop, the gateway's loop
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
 
@@ -437,3 +440,86 @@ async def test_retry_after_and_content_length_are_read() -> None:
         assert await response.read() == b"{}"
         response.release()
         await c.close()
+
+
+@contextmanager
+def no_cycle_collector() -> Iterator[None]:
+    """Only reference counts free objects meanwhile: what survives is kept alive or is in a
+    reference cycle, which the gateway's rare collections (``gc.set_threshold``) leave for
+    minutes."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def settle(ticks: int = 5) -> None:
+    for _ in range(ticks):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+async def test_a_closed_connection_is_freed_by_its_last_reference() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n"))
+        await writer.drain()
+
+    async with server(handle) as srv:
+        c = client()
+        with no_cycle_collector():
+            response = await c.request(b"POST", srv.url + "/x", {}, b"", connect_s=2, idle_s=5)
+            conn = weakref.ref(response._conn)
+            assert await response.read() == b'{"ok":true}'
+            response.release()
+            del response
+            await settle()
+            assert conn() is None
+        await c.close()
+
+
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+async def test_a_connection_lost_mid_body_is_freed_by_its_last_reference() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await writer.drain()
+        writer.close()
+
+    async with server(handle) as srv:
+        c = client()
+        with no_cycle_collector():
+            response = await c.request(b"POST", srv.url + "/x", {}, b"", connect_s=2, idle_s=5)
+            conn = weakref.ref(response._conn)
+            assert await response.chunk() == b"partial"
+            for _ in range(2):  # each read after the loss raises it
+                with pytest.raises(Disconnected):
+                    await response.chunk()
+            response.close()
+            del response
+            await settle()
+            assert conn() is None
+        await c.close()
+
+
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+async def test_many_dropped_connections_leave_nothing_behind() -> None:
+    """The upstream answers and closes, as a keep-alive timeout does: every connection is
+    gone once its answer is, however many there were."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+
+    async with server(handle) as srv:
+        c = client()
+        with no_cycle_collector():
+            for _ in range(50):
+                assert await post(c, srv.url) == b'{"ok":true}'
+                await settle()
+            await c.close()
+            alive = [o for o in gc.get_objects() if isinstance(o, _Connection)]
+            assert alive == []

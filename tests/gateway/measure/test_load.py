@@ -7,7 +7,7 @@ import pytest
 
 from backends.pool import InFlight
 from gateway.measure.acceptance import Labels, Outcome, Signal, Status
-from gateway.measure.load import LoadMeter, loaded_outcome
+from gateway.measure.load import PREFILL_WINDOW_S, LoadMeter, loaded_outcome
 
 URL = "http://spec:8000"
 
@@ -95,3 +95,17 @@ def test_prompts_prefilled_while_a_request_decoded_are_counted_per_step():
     clock.now = 6.0
     load.sample(6.0)
     assert loaded_outcome(load, outcome).prefill == pytest.approx(6000 / 40)
+
+
+def test_prefills_cost_one_entry_per_window_whatever_the_request_rate():
+    """A thousand prefills a second for 100 s keep at most one entry per window, and what
+    a window of time prefilled is still read to within a window at each end."""
+    flight = InFlight(Clock())
+    load = meter(flight)
+    for i in range(100_000):
+        load.prefill(URL, 10, i / 1000)
+    kept = load._endpoints[URL].prefill_times
+    assert len(kept) <= 100 / PREFILL_WINDOW_S + 1
+    assert load.prefilled(URL, -1.0, 100.0) == 1_000_000
+    read = load.prefilled(URL, 40.0, 60.0)
+    assert abs(read - 200_000) <= 2 * PREFILL_WINDOW_S * 1000 * 10
