@@ -28,9 +28,12 @@ event comes once its prompt is prefilled; a whole answer's when it arrives) and 
 tokens it had, so an outcome can say how many prompt tokens shared the steps it decoded in
 (``prefilled``): engines schedule prefills into the steps of the sequences decoding beside
 them. The prefills of one ``PREFILL_WINDOW_S`` (about an engine step, the resolution at
-which a prefill and a decode step meet) are kept as one entry, dated at the last of them, so
+which a prefill and a decode step meet) are kept as one entry, dated at the first of them, so
 the history costs at most one entry per window whatever the request rate (one entry per
-request grew the gateway by ~70 bytes a request, up to twice ``history_s`` of requests).
+request grew the gateway by ~70 bytes a request, up to twice ``history_s`` of requests). An
+outcome's own prefill, told at its first token, is then always before its decode span: a
+window dated at its last prefill would move it inside, and a long prompt's own prefill
+would read as the steps' shared cost.
 
 Never awaits on the request path; ``sample`` is O(endpoints), a question O(log history).
 """
@@ -185,8 +188,8 @@ class LoadMeter:
         total = (totals[-1] if totals else 0.0) + max(tokens, 0)
         if times and now < times[-1]:
             now = times[-1]  # the clock is monotonic; a tie keeps the order
-        if times and now // PREFILL_WINDOW_S == times[-1] // PREFILL_WINDOW_S:
-            times[-1], totals[-1] = now, total  # the window's entry, moved to its newest
+        if times and now - times[-1] < PREFILL_WINDOW_S:
+            totals[-1] = total  # the window's entry, dated at its first prefill
             return
         times.append(now)
         totals.append(total)

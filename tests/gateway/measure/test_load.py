@@ -109,3 +109,13 @@ def test_prefills_cost_one_entry_per_window_whatever_the_request_rate():
     assert load.prefilled(URL, -1.0, 100.0) == 1_000_000
     read = load.prefilled(URL, 40.0, 60.0)
     assert abs(read - 200_000) <= 2 * PREFILL_WINDOW_S * 1000 * 10
+
+
+def test_an_outcomes_own_prefill_stays_before_its_decode_span():
+    """A long prompt prefilled at its first token, and a short one a moment later in the
+    same window: what prefilled while the long one decoded never holds its own prompt."""
+    load = meter(InFlight(Clock()))
+    first = 10.001
+    load.prefill(URL, 24_000, first)  # the outcome's own, told at its first token
+    load.prefill(URL, 100, first + PREFILL_WINDOW_S / 2)
+    assert load.prefilled(URL, first, 20.0) < 24_000
