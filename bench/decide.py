@@ -3,7 +3,7 @@
     .venv/bin/python bench/decide.py [--iterations 200000]
 
 1. ``classify`` + ``decide`` per request for a realistic 50-rule policy (45 tenant- and
-   product-specific rules, then the five rules of DESIGN.md), over a mix of chat requests:
+   product-specific rules, then five general rules), over a mix of chat requests:
    JSON output, tool calls, long prompts, creative text, plain chat. Parsing (step 2) is
    measured on its own and not included.
 2. The matcher curve: the bitset ``Matcher.first`` and the linear reference loop, for 10,

@@ -29,6 +29,10 @@ with the commands that wrote them. Usage::
     .venv/bin/python -m bench.faults                       # everything, 10-minute soak
     .venv/bin/python -m bench.faults --soak-s 120 --fuzz 10000
     .venv/bin/python -m bench.faults --only hostile       # one phase
+
+One module, past the usual length, because its phases share one stack, one route table
+(``ROUTES``) and one report: a phase is a short function over those, and a file per phase
+would split the table that says what every row expects from the code that checks it.
 """
 
 from __future__ import annotations

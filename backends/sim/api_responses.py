@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from backends.sim.responses import TIMING_FIELDS
-from backends.sim.validation import SimHTTPError
+from backends.sim.validation import SimHTTPError, json_object
 
 Json = dict[str, Any]
 _KEEP = 4096  # stored responses a server keeps, the oldest dropped first
@@ -66,12 +66,7 @@ class Histories:
 def chat_request(body: bytes, stored: Histories) -> Json:
     """The chat request a Responses request becomes; ``SimHTTPError`` 400 for a body vLLM
     refuses, 404 for a ``previous_response_id`` it does not hold."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise _invalid(f"invalid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise _invalid("the body must be a JSON object")
+    payload = json_object(body)
     model, given = payload.get("model"), payload.get("input")
     if not isinstance(model, str) or not model:
         raise _invalid("model: Field required", "model")

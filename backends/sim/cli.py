@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Put every ``sim`` option on ``parser`` and make ``run`` its handler."""
-    add = parser.add_argument
+    _model_options(parser.add_argument)
+    _server_options(parser.add_argument)
+    _fault_options(parser)
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def _model_options(add: Callable[..., object]) -> None:
+    """What is simulated: decoding, proposer, models, scheduling, time and cost."""
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=8101, help="port to listen on")
     add(
@@ -148,6 +157,11 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="",
         help="e.g. code@60=0.1,code@120=0.82 (workload@model seconds=acceptance)",
     )
+    add("--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP)
+
+
+def _server_options(add: Callable[..., object]) -> None:
+    """What the server reports and the engine it plays, and its request limits."""
     add("--no-spec-metrics", action="store_true", help="report no draft tokens (vllm-neuron)")
     add(
         "--no-per-request-metrics",
@@ -187,13 +201,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         dest="prometheus",
         help="trtllm: no /prometheus/metrics (a server without return_perf_metrics)",
     )
-    add("--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP)
     add("--default-max-tokens", type=int, default=256, help="max_tokens when a request has none")
     add("--max-model-len", type=int, default=32768, help="prompt plus answer, in tokens")
     add("--max-logprobs", type=int, default=20, help="the most top_logprobs a request may ask")
-    _fault_options(parser)
-    parser.set_defaults(handler=run)
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:

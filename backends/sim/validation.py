@@ -63,6 +63,18 @@ def json_dumps(value: object) -> bytes:
     return json.dumps(value).encode()
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A Messages or Responses request body as its JSON object; ``SimHTTPError`` 400
+    (``invalid_request_error``) for invalid JSON or another JSON value."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise SimHTTPError(400, f"invalid JSON: {exc}", "invalid_request_error") from None
+    if not isinstance(payload, dict):
+        raise SimHTTPError(400, "the body must be a JSON object", "invalid_request_error")
+    return payload
+
+
 def bad_request(message: str, param: str | None = None) -> SimHTTPError:
     return SimHTTPError(400, message, "Bad Request", param)
 

@@ -5,6 +5,9 @@ analysis runs (and is tested) where torch is absent, and re-runs on a saved CSV.
 A cell is one (shape, role, B, q, L): the forward of ``B`` sequences with ``q`` new tokens
 each against ``L`` cached tokens each. ``role`` is ``target`` (q = 1 is a plain decode step,
 q = k + 1 verifies k drafts) or ``draft`` (always q = 1: one draft-model step).
+
+Longer than most modules because it travels with ``steptime.py`` to a GPU machine with no
+checkout: the two files are the whole benchmark there, so the analysis is not spread wider.
 """
 
 from __future__ import annotations
