@@ -25,8 +25,11 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
+# In parallel processes (docs/development.md, "Tests in parallel"): the tests mostly wait on
+# loopback servers and subprocesses, so more workers than cores overlap the waiting.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # promtool and a Prometheus server for the dashboard's queries (Debian's package, when missing)
 tools:

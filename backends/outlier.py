@@ -19,6 +19,17 @@ gradually: its share of the load grows from a tenth to all of it over ``slow_sta
 burst after recovery is spread, not refused. A 429 or 408 says the endpoint is busy, not
 broken: it neither counts as a failure nor as a success.
 
+A failure the request itself may have caused (an answer, in the engine's API shape, that
+the request failed, which the same body may get from every endpoint) is judged by what else
+the endpoints do, as ``backends/pool.py`` reports it once the request's tries are over. Served
+by another endpoint, it was a plain failure. Failed alike by every endpoint tried (two or
+more) while one of them has served other requests in the last ``interval_s``, it was the
+request's own and counts nowhere (``own``). Otherwise it counts only when other requests
+fail on the endpoint too: when it has failed a different body, or failed in another way,
+since it last served a request (``suspect``). So one client's run of bad requests never
+ejects endpoints that serve everyone else's, and endpoints that fail every request still
+are.
+
 Explained for operators, with its numbers, in docs/operations.md ("Upstream failures:
 outlier ejection").
 """
@@ -72,6 +83,8 @@ class Health:
     ejections_total: int = 0
     failures_total: int = 0
     reason: str = ""
+    suspect: int | None = None  # the body of a suspect failure not counted, since a success
+    served_at: float = _NEVER
 
     def ejected(self, now: float) -> bool:
         return now < self.ejected_until
@@ -99,6 +112,8 @@ class Detector:
 
     def success(self, health: Health, now: float) -> None:
         health.consecutive = 0
+        health.suspect = None
+        health.served_at = now
         health.interval_ok += 1
         if health.ejected(now):  # it served while ejected: it is back
             health.ejected_until = health.returned_at = now
@@ -111,6 +126,25 @@ class Detector:
         limit = self.rules.consecutive_failures
         if health.consecutive >= limit and not health.ejected(now):
             self._eject(health, group, now, f"{limit} failures in a row")
+
+    def own(self, failed: Sequence[Health], now: float) -> bool:
+        """Whether a failure that every one of ``failed`` (the endpoints a request was
+        tried on, each answering that it failed the request) gave alike was the request's
+        own: two or more failed it, and one of them has served others lately."""
+        distinct = list({id(h): h for h in failed}.values())
+        recent = self.rules.interval_s
+        return len(distinct) >= 2 and any(now - h.served_at < recent for h in distinct)
+
+    def suspect(self, health: Health, group: Sequence[Health], now: float, body: int) -> bool:
+        """A failure of the request whose body hashes to ``body`` that the request itself may
+        have caused: a failure when the endpoint has failed another body, or failed in
+        another way, since it last served a request; else only remembered. Whether it
+        counted."""
+        counts = health.consecutive > 0 or health.suspect not in (None, body)
+        health.suspect = body
+        if counts:
+            self.failure(health, group, now)
+        return counts
 
     def sweep(self, group: Sequence[Health], now: float) -> None:
         """The end of an interval: eject by failure share and success rate, forgive one

@@ -31,6 +31,11 @@ class BreakBudget:
         self.spent += 1
         return True
 
+    @property
+    def ran_out(self) -> bool:
+        """An answer broke when no retry was left."""
+        return len(self.broke) > self.spent
+
     def avoid(self, ladder: Collection[str]) -> tuple[str, ...]:
         """Endpoints to try only as a last resort: those whose answers broke, unless that is
         every endpoint of the ladder; then the one that broke last."""

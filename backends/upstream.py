@@ -3,8 +3,8 @@
 whose answer passes through as it came (``exchange``: the engine's other routes).
 
 Uses one ``backends/http1.py`` client (keep-alive connections per endpoint, a limit on
-connections): it costs a third to a fifth of the CPU per request that aiohttp did
-(bench/RESULTS.md, "Upstream HTTP client", has the figures). Every client and socket
+connections): the gateway spends a third to two fifths less CPU per request on it than on
+aiohttp (bench/RESULTS.md, "Upstream HTTP client", has the figures). Every client and socket
 exception is mapped to ``backends.errors`` inside ``_mapped`` and nowhere else.
 
 A stream's first events are the upstream's answer as much as its status line is. vLLM checks
@@ -15,7 +15,9 @@ right after the chat role chunk, fails the open like an HTTP error with that sta
 Messages and Responses streams open with events written before the engine's first output
 (``message_start``; ``response.created``, ``response.in_progress``): the events after them
 are read and checked the same way before the stream counts as open (an ``error`` event, a
-``response.failed``; Anthropic's error types give the client's statuses).
+``response.failed``; Anthropic's error types give the client's statuses). How a stream
+opens, and where an opening event carries its error, is its API's to say (``Opening``;
+``gateway/apis/`` gives one for each API); this module applies it.
 
 What is not an answer is not passed on as one (``BadAnswer``, and the pools try another
 endpoint): a 200 whose whole body, or whose stream's first event, is not a JSON object, and
@@ -31,7 +33,7 @@ ends there. An answer still coming then is ``AnswerTimeout``; one not started,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +41,7 @@ from typing import Any
 import orjson
 
 from backends.errors import (
-    ANTHROPIC_TYPES,
+    ANTHROPIC_STATUS,
     AnswerTimeout,
     BackendError,
     BadAnswer,
@@ -49,17 +51,13 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.http1 import BadResponse, Client, ConnectError, Disconnected, Response
+from backends.memory import Trimmer, libc_trim
 from backends.sse import EventDecoder, SSEDecoder, data_of
 
 DONE = b"[DONE]"
 _ERROR_BODY_LIMIT = 64 * 1024
 _RETRY_AFTER_MAX_S = 3600.0  # an upstream's Retry-After is kept up to this
-# The events a Messages or Responses stream opens with before the engine's first output:
-# vLLM writes them when its chat stream's role chunk comes, so an error the engine finds
-# after accepting the request follows them, as it follows the role chunk in chat.
-_PRELUDES = frozenset({"message_start", "ping", "response.created", "response.in_progress"})
 _MAX_PRELUDES = 8
-_ANTHROPIC_STATUS = {kind: status for status, kind in ANTHROPIC_TYPES.items()}
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
@@ -73,6 +71,42 @@ class Timeouts:
     first_byte_s: float = 60.0
     idle_s: float = 60.0
     total_s: float = 600.0
+
+
+def error_object(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The error an event carries: chat's and Anthropic's under ``error``, the Responses
+    API's ``error`` event itself, a failed response's ``response.error``."""
+    kind = event.get("type")
+    inner = event.get("error")
+    if isinstance(inner, dict):
+        return inner
+    if kind == "error":
+        return event
+    response = event.get("response")
+    if kind == "response.failed" and isinstance(response, dict):
+        failed = response.get("error")
+        return failed if isinstance(failed, dict) else {}
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """How one API's stream opens, for ``UpstreamStream.read_first``: its API's to say
+    (``gateway/apis/``), the backend's to apply.
+
+    ``events``: the stream is read as whole events (``backends/sse.py``'s ``EventDecoder``,
+    the APIs whose streams are relayed as they came), not data payloads ended by ``[DONE]``.
+    ``preludes``: the types of the events such a stream opens with before the engine's
+    first output (vLLM writes them when its chat stream's role chunk comes, so an error the
+    engine finds after accepting the request follows them, as it follows the role chunk in
+    a data stream). ``error``: the error object an opening event carries, if any."""
+
+    events: bool = False
+    preludes: frozenset[str] = frozenset()
+    error: Callable[[dict[str, Any]], dict[str, Any] | None] = error_object
+
+
+DATA = Opening()  # a stream of data payloads ended by [DONE]: chat and text completions
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,16 +141,17 @@ def _mapped(started: bool, deadline: float | None = None) -> Iterator[None]:
 class UpstreamStream:
     """An open upstream response: the first event already read, the rest to iterate.
 
-    Its events are data payloads, ending with ``[DONE]``; with ``events`` (the APIs whose
-    streams are relayed as they came: Anthropic's Messages, OpenAI's Responses) they are
-    whole events (``backends/sse.py``'s ``EventDecoder``), and the end of the body ends
-    the stream too, as it does for those APIs: whether the stream said all it had to is
-    then for the reader of its events to tell."""
+    Its events are data payloads, ending with ``[DONE]``; when its ``opening`` says
+    ``events`` (the APIs whose streams are relayed as they came: Anthropic's Messages,
+    OpenAI's Responses) they are whole events (``backends/sse.py``'s ``EventDecoder``), and
+    the end of the body ends the stream too, as it does for those APIs: whether the stream
+    said all it had to is then for the reader of its events to tell."""
 
     __slots__ = (
         "_decoder",
         "_events",
         "_limit",
+        "_opening",
         "_pending",
         "_received",
         "_response",
@@ -125,11 +160,13 @@ class UpstreamStream:
     )
 
     def __init__(
-        self, response: Response, limit: int = MAX_RESPONSE_BYTES, *, events: bool = False
+        self, response: Response, limit: int = MAX_RESPONSE_BYTES, *, opening: Opening = DATA
     ) -> None:
         self._response = response
+        events = opening.events
         self._decoder: SSEDecoder | EventDecoder = EventDecoder() if events else SSEDecoder()
         self._events = events
+        self._opening = opening
         self._limit = limit  # bytes of one event
         self._pending: list[bytes] = []
         self._received = False  # any byte of the body
@@ -152,8 +189,15 @@ class UpstreamStream:
     def _feed(self, chunk: bytes, error: type[BackendError]) -> list[bytes]:
         events = self._decoder.feed(chunk)
         if self._decoder.buffered > self._limit:
+            self._drop()  # the frames of the error's traceback hold this stream
             raise error(f"upstream sent an event of more than {self._limit} bytes")
         return events
+
+    def _drop(self) -> None:
+        """Forget what was read and not passed on: a failed stream may outlive its request
+        in an error's traceback, and what it read (up to ``limit``) must not."""
+        self._decoder = EventDecoder() if self._events else SSEDecoder()
+        self._pending = []
 
     async def read_first(self) -> bytes:
         """The first event, checked: one that is not a JSON object raises ``BadAnswer``, an
@@ -162,22 +206,23 @@ class UpstreamStream:
         self.first = await self._fill()
         self._pending.pop(0)
         self.done = self.first == DONE
+        error = self._opening.error
         if self._events and not self.done:
-            await self._past_preludes(_check_event(data_of(self.first) or b""))
+            await self._past_preludes(_check_event(data_of(self.first) or b"", error))
         elif not self.done:
-            _check_event(self.first)
+            _check_event(self.first, error)
             if _is_prelude(self.first):
                 second = await self._fill()
                 if second != DONE:
-                    _check_event(second)
+                    _check_event(second, error)
         return self.first
 
     async def _past_preludes(self, event: dict[str, Any]) -> None:
-        """Check the events after an opening prelude (``_PRELUDES``) up to the first that
-        is not one, leaving them all pending: an error among them fails the open, so the
+        """Check the events after an opening prelude (``Opening.preludes``) up to the first
+        that is not one, leaving them all pending: an error among them fails the open, so the
         request goes elsewhere before any byte is sent."""
-        index = 0
-        while event.get("type") in _PRELUDES and index < _MAX_PRELUDES:
+        index, preludes = 0, self._opening.preludes
+        while event.get("type") in preludes and index < _MAX_PRELUDES:
             while len(self._pending) <= index:
                 with _mapped(started=False):
                     chunk = await self._response.chunk()
@@ -186,7 +231,7 @@ class UpstreamStream:
                 self._pending += self._feed(chunk, BadAnswer)
             if self._pending[index] == DONE:
                 return
-            event = _check_event(data_of(self._pending[index]) or b"")
+            event = _check_event(data_of(self._pending[index]) or b"", self._opening.error)
             index += 1
 
     @property
@@ -228,6 +273,7 @@ class UpstreamStream:
             self._response.release()
         else:
             self._response.close()
+            self._drop()
 
 
 class Upstream:
@@ -246,7 +292,10 @@ class Upstream:
         self._client: Client | None = None
 
     async def start(self) -> None:
-        self._client = Client(max_connections=self._max_connections, keepalive_s=self._keepalive_s)
+        trimmer = Trimmer(asyncio.get_running_loop(), libc_trim())
+        self._client = Client(
+            max_connections=self._max_connections, keepalive_s=self._keepalive_s, trimmer=trimmer
+        )
 
     async def close(self) -> None:
         if self._client is not None:
@@ -325,11 +374,14 @@ class Upstream:
         headers: Mapping[str, str],
         timeouts: Timeouts,
         deadline: float | None = None,
+        *,
+        json: bool = False,
     ) -> Reply:
         """One request whose answer is passed on as it came, a 4xx included (the request's
         own fault); a 5xx, 408 or 429 raises ``Unavailable``, so another endpoint may serve,
         and ``deadline`` (else ``total_s``) bounds the whole exchange. An answer of more than
-        ``max_response_bytes`` is ``BadAnswer``."""
+        ``max_response_bytes`` is ``BadAnswer``, and so is, with ``json`` (a route that
+        answers a JSON object), a 2xx whose body is not one (an HTML page)."""
         assert self._client is not None, "Upstream.start() was not awaited"
         deadline = _sooner(deadline, timeouts.total_s)
         limit = self.max_response_bytes
@@ -356,6 +408,8 @@ class Upstream:
                 raise AnswerTimeout("the answer did not end within the request's total_s") from exc
             raise UpstreamTimeout("no answer from upstream in time") from exc
         assert response is not None
+        if json and 200 <= response.status < 300:
+            _json_object(answer)
         return Reply(response.status, response.content_type, answer)
 
     async def open(
@@ -365,11 +419,11 @@ class Upstream:
         headers: Mapping[str, str],
         timeouts: Timeouts,
         deadline: float | None = None,
-        events: bool = False,
+        opening: Opening = DATA,
     ) -> UpstreamStream:
-        """POST ``body`` and wait for the first event (a whole one with ``events``, see
-        ``UpstreamStream``); raise a ``BackendError`` otherwise. The stream's reads end at
-        ``deadline`` too."""
+        """POST ``body`` and wait for the first event (read as its API's ``opening`` says,
+        see ``UpstreamStream``); raise a ``BackendError`` otherwise. The stream's reads end
+        at ``deadline`` too."""
         with _mapped(started=False):
             loop = asyncio.get_running_loop()
             first_by = loop.time() + timeouts.first_byte_s
@@ -381,7 +435,7 @@ class Upstream:
                 try:
                     if response.status >= 400:
                         await _raise_for(response)
-                    stream = UpstreamStream(response, self.max_response_bytes, events=events)
+                    stream = UpstreamStream(response, self.max_response_bytes, opening=opening)
                     await stream.read_first()
                 except BaseException:
                     response.close()
@@ -415,6 +469,7 @@ async def _read_whole(response: Response, limit: int) -> bytes:
         while data := await response.chunk():
             size += len(data)
             if size > limit:
+                parts.clear()  # this frame outlives the call in the error's traceback
                 raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
             parts.append(data)
     except (BadAnswer, UpstreamRejected, Unavailable) as exc:
@@ -438,7 +493,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         answer = None
     if not isinstance(answer, dict):
-        raise BadAnswer(f"upstream answered 200 with no JSON object: {body[:80]!r}")
+        raise BadAnswer(f"upstream answered a success with no JSON object: {body[:80]!r}")
     return answer
 
 
@@ -447,6 +502,7 @@ async def _read_any(response: Response, limit: int) -> bytes:
     try:
         body = b"" if (response.length or 0) > limit else await response.read(limit + 1)
         if len(body) > limit or (response.length or 0) > limit:
+            del body  # this frame outlives the call in the error's traceback
             raise BadAnswer(f"the upstream's answer is larger than {limit} bytes")
     except BaseException:
         response.close()
@@ -469,14 +525,29 @@ def _seconds(retry_after: bytes | None) -> float | None:
 
 def _raise_status(status: int | None, body: bytes, told_s: float | None = None) -> None:
     if status is None or status in (408, 429) or status >= 500:
-        raise Unavailable(f"upstream answered {status or 'an error'}", status, told_s)
+        message = f"upstream answered {status or 'an error'}"
+        suspect = status == 500 and _is_error_object(body)
+        raise Unavailable(message, status, told_s, suspect=suspect)
     raise UpstreamRejected(status, body)
 
 
-def _check_event(data: bytes) -> dict[str, Any]:
+def _is_error_object(body: bytes) -> bool:
+    """Whether ``body`` is an error in an engine's API shape: OpenAI's ``{"error": {...}}``,
+    Anthropic's ``{"type": "error", ...}`` (an HTML page from a proxy in front is not)."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(answer, dict) and error_object(answer) is not None
+
+
+def _check_event(
+    data: bytes, error_of: Callable[[dict[str, Any]], dict[str, Any] | None]
+) -> dict[str, Any]:
     """The opening event, parsed. Raise ``BadAnswer`` when it is not a JSON object, and as
-    for an HTTP error when it is an error instead of a chunk: chat's ``{"error": {...}}``,
-    an Anthropic or Responses ``error`` event, or ``response.failed``."""
+    for an HTTP error when it is an error instead of a chunk, as ``error_of`` reads it
+    (``error_object``: chat's ``{"error": {...}}``, an Anthropic or Responses ``error``
+    event, or ``response.failed``); Anthropic's error types give the client's statuses."""
     try:
         event = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -485,31 +556,15 @@ def _check_event(data: bytes) -> dict[str, Any]:
         raise BadAnswer(f"upstream opened its stream with no JSON object: {data[:80]!r}")
     if b'"error"' not in data or event.get("choices"):
         return event
-    error = _error_of(event)
+    error = error_of(event)
     if error is None:
         return event
     code, kind = error.get("code"), error.get("type")
     status = code if isinstance(code, int) and 400 <= code <= 599 else None
     if status is None and isinstance(kind, str):
-        status = _ANTHROPIC_STATUS.get(kind)
+        status = ANTHROPIC_STATUS.get(kind)
     _raise_status(status, data)
     return event
-
-
-def _error_of(event: dict[str, Any]) -> dict[str, Any] | None:
-    """The error an event carries: chat's and Anthropic's under ``error``, the Responses
-    API's ``error`` event itself, a failed response's ``response.error``."""
-    kind = event.get("type")
-    inner = event.get("error")
-    if isinstance(inner, dict):
-        return inner
-    if kind == "error":
-        return event
-    response = event.get("response")
-    if kind == "response.failed" and isinstance(response, dict):
-        failed = response.get("error")
-        return failed if isinstance(failed, dict) else {}
-    return None
 
 
 def _is_prelude(data: bytes) -> bool:

@@ -5,12 +5,15 @@ load-neutrally, and the table written to ``bench/RESULTS.md``.
         --label "baseline (threshold guardrail)" --write
     .venv/bin/python bench/decision_quality.py --policy policies/examples/starter.yaml --seeds 1 2
     .venv/bin/python bench/decision_quality.py --policy bench/policies/baseline.yaml \
-        --label "baseline, GPU cost model" --cost-model gpu   # or gpu-32b, gpu:SUMMARY.json
+        --label "baseline, 32B curve" --cost-model gpu-32b   # or measured, gpu:SUMMARY.json
 
-Each scenario runs once per seed (the scenario's own seed plus the offset); the table shows
-the mean over seeds and the spread when there are several. JSON summaries and PNG charts
-go to ``--out`` (default ``bench/out/decision/<label>``). ``--write`` replaces the table of
-the same label in ``bench/RESULTS.md`` (or appends it), between marker comments.
+A scenario that names its own deployment (``policy:``, as ``eagle3-crossover`` does) runs
+on that policy instead of ``--policy``. Each scenario runs on each cost model (default:
+``affine``, ``gpu`` and ``gpu-32b``, one table with a row per scenario and model) once per
+seed (the scenario's own seed plus the offset); the table shows the mean over seeds and the
+spread when there are several. JSON summaries and PNG charts go to ``--out`` (default
+``bench/out/decision/<label>``). ``--write`` replaces the table of the same label in
+``bench/RESULTS.md`` (or appends it), between marker comments.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from policies.compiled import load_policy
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "RESULTS.md"
+COST_MODELS = ("affine", "gpu", "gpu-32b")
 KEYS = (
     ("adaptive_vs_oracle", "adaptive / oracle"),
     ("adaptive_vs_always_standard", "adaptive / always-standard"),
@@ -50,30 +54,37 @@ def run(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
     rows = []
     for path in paths:
         base = load_scenario(path.read_text())
-        per_seed = []
-        for offset in args.seeds:
-            scenario = base.model_copy(update={"seed": base.seed + 1000 * offset})
-            started = time.perf_counter()
-            result = replay(policy, scenario, cost=args.cost)
-            summary = summarise(result, policy)
-            summary["seed"] = scenario.seed
-            summary["replay_s"] = round(time.perf_counter() - started, 1)
-            per_seed.append(summary)
-            stem = f"{scenario.name}-seed{offset}"
-            (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
-            draw(result, out / f"{stem}.png")
-            print(_line(summary), file=sys.stderr, flush=True)
-        rows.append(per_seed)
+        own = (path.parent / base.policy) if base.policy else None
+        deployed = load_policy(own.read_text(), str(own)) if own else policy
+        for name, cost in zip(args.cost_model, args.costs, strict=True):
+            per_seed = []
+            for offset in args.seeds:
+                scenario = base.model_copy(update={"seed": base.seed + 1000 * offset})
+                started = time.perf_counter()
+                result = replay(deployed, scenario, cost=cost)
+                summary = summarise(result, deployed)
+                summary["seed"] = scenario.seed
+                summary["cost_model"] = name
+                summary["replay_s"] = round(time.perf_counter() - started, 1)
+                per_seed.append(summary)
+                stem = f"{scenario.name}-{_slug(name)}-seed{offset}"
+                (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+                draw(result, out / f"{stem}.png")
+                print(_line(summary), file=sys.stderr, flush=True)
+            rows.append(per_seed)
     return rows
 
 
 def _line(s: dict[str, Any]) -> str:
     v = s["verdict"]
     return (
-        f"{s['scenario']:26} seed {s['seed']:5}  oracle {v['adaptive_vs_oracle']:.3f}  "
+        f"{s['scenario']:26} {s['cost_model']:8} seed {s['seed']:5}  "
+        f"oracle {v['adaptive_vs_oracle']:.3f}  "
         f"std {v['adaptive_vs_always_standard']:.3f}  "
         f"spec {v['adaptive_vs_always_speculative']:.3f}"
-        f"  worst {v['worst_cell_vs_always_standard']:.3f} {v['worst_cell']}  ({s['replay_s']} s)"
+        f"  worst {v['worst_cell_vs_always_standard']:.3f} {v['worst_cell']}"
+        f"  explored {s['exploration']['share']:.1%}"
+        f" (cell {s['exploration']['worst_cell']:.1%})  ({s['replay_s']} s)"
     )
 
 
@@ -84,14 +95,18 @@ def _cell(values: list[float]) -> str:
 
 
 def table(label: str, command: str, rows: list[list[dict[str, Any]]]) -> str:
-    head = "| scenario | requests | " + " | ".join(name for _, name in KEYS) + " | misses |"
+    head = (
+        "| scenario | cost model | requests | "
+        + " | ".join(name for _, name in KEYS)
+        + " | exploration (worst cell) | misses |"
+    )
     lines = [
         f"### {label}",
         "",
         f"    {command}",
         "",
         head,
-        "|" + " --- |" * (len(KEYS) + 3),
+        "|" + " --- |" * (len(KEYS) + 5),
     ]
     for per_seed in rows:
         first = per_seed[0]
@@ -100,10 +115,22 @@ def table(label: str, command: str, rows: list[list[dict[str, Any]]]) -> str:
         values[-1] += f" ({', '.join(sorted(worst))})"
         misses = _misses([s["verdict"] for s in per_seed])
         requests = round(statistics.fmean(s["requests"] for s in per_seed))
+        explored = _explored(per_seed)
         lines.append(
-            f"| {first['scenario']} | {requests} | " + " | ".join(values) + f" | {misses} |"
+            f"| {first['scenario']} | {first['cost_model']} | {requests} | "
+            + " | ".join(values)
+            + f" | {explored} | {misses} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _explored(per_seed: list[dict[str, Any]]) -> str:
+    """What exploring added to the scenario's cost, and to its dearest cell's (mean over
+    seeds), in percent."""
+    share = statistics.fmean(s["exploration"]["share"] for s in per_seed)
+    worst = statistics.fmean(s["exploration"]["worst_cell"] for s in per_seed)
+    names = sorted({s["exploration"]["worst_cell_name"] for s in per_seed})
+    return f"{share:.1%} ({worst:.1%} {', '.join(names)})"
 
 
 def _misses(verdicts: list[dict[str, Any]]) -> str:
@@ -143,15 +170,21 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
-    parser.add_argument("--cost-model", default="affine", help=COST_MODEL_HELP)
+    parser.add_argument(
+        "--cost-model",
+        nargs="+",
+        default=list(COST_MODELS),
+        help="one or more; " + COST_MODEL_HELP,
+    )
     args = parser.parse_args()
     try:
-        args.cost = cost_model_arg(args.cost_model)
+        args.costs = [cost_model_arg(name) for name in args.cost_model]
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     rows = run(args)
     seeds = " ".join(map(str, args.seeds))
-    cost = f" --cost-model {args.cost_model}" if args.cost_model != "affine" else ""
+    models = " ".join(args.cost_model)
+    cost = f" --cost-model {models}" if tuple(args.cost_model) != COST_MODELS else ""
     command = (
         f".venv/bin/python bench/decision_quality.py --policy {args.policy} "
         f'--label "{args.label}" --seeds {seeds}{cost}'

@@ -181,6 +181,8 @@ class Hostile:
         finally:
             with contextlib.suppress(OSError):
                 writer.close()
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                await writer.wait_closed()  # a reset peer's error is retrieved, not reported
 
     async def _ok(self, writer: asyncio.StreamWriter, api: Chat, stream: bool) -> None:
         if stream:

@@ -3,11 +3,17 @@ what each gets, how long it took, the gateway's memory, and what a normal client
 meanwhile (the slowest of its requests during the attack, and without one).
 
 - a valid chunked body followed by a 128 MiB trailer, sent as fast as the gateway reads;
+- a valid 4 MB body in 4 million one-byte chunks (24 MB on the wire), as fast as read;
 - a request followed, in the same write, by a 70 KB pipelined head;
-- one address holding more connections than its share (``SPECLANE_MAX_CONNECTIONS=64``,
-  so a share of 32), and a client from another address (127.0.0.2).
+- one address holding more connections than its share (``SPECLANE_MAX_CONNECTIONS=200``,
+  so a share of 100), and a client from another address (127.0.0.2);
+- one address (127.0.0.1) opening connections as fast as it can for ``--flood-s`` and never
+  reading them (each sends a request, none is read, all are held to the end, at most
+  ``--flood-connections``), while a client from 127.0.0.2 sends one request per new
+  connection: how many of its requests were answered 200 within 5 s.
 
-    .venv/bin/python bench/hostile_clients.py [--trailer-mib 128]
+    .venv/bin/python bench/hostile_clients.py [--trailer-mib 128] [--chunks 4000000]
+        [--only trailer,chunks,pipelined,peers,flood] [--flood-s 10]
 """
 
 from __future__ import annotations
@@ -83,6 +89,24 @@ async def _trailer(host: str, port: int, mib: int) -> list[int]:
     return statuses
 
 
+async def _tiny_chunks(host: str, port: int, n: int) -> list[int]:
+    """A chat body padded with spaces to ``n`` bytes, one byte a chunk."""
+    body = CHAT[:-1] + b" " * (n - len(CHAT)) + CHAT[-1:]
+    wire = bytearray(6 * n)  # "1\r\nX\r\n" per byte, laid out at C speed
+    for offset, fill in enumerate((b"1", b"\r", b"\n", body, b"\r", b"\n")):
+        wire[offset::6] = fill * (n // len(fill))
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(HEAD + b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+    with contextlib.suppress(ConnectionError):
+        for at in range(0, len(wire), 65536):
+            writer.write(wire[at : at + 65536])
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+    statuses = await _answer(reader)
+    writer.close()
+    return statuses
+
+
 async def _pipelined(host: str, port: int) -> list[int]:
     reader, writer = await asyncio.open_connection(host, port)
     first = HEAD + b"content-length: %d\r\n\r\n%s" % (len(CHAT), CHAT)
@@ -117,10 +141,55 @@ async def _attack(name: str, url: str, pid: int, attack: object) -> None:
     )
 
 
+async def _flood(url: str, seconds: float, most: int) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    request = HEAD + b"content-length: %d\r\n\r\n%s" % (len(CHAT), CHAT)
+    held: list[asyncio.StreamWriter] = []
+    end = time.monotonic() + seconds
+
+    async def opener() -> None:
+        while time.monotonic() < end and len(held) < most:
+            try:
+                _, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                await asyncio.sleep(0.01)
+                continue
+            with contextlib.suppress(OSError):
+                writer.write(request)  # and never read what comes back
+            held.append(writer)
+
+    async def other() -> tuple[int, int, float]:
+        answered = sent = 0
+        slowest = 0.0
+        transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        limits = httpx.Limits(max_keepalive_connections=0)  # a new connection each time
+        async with httpx.AsyncClient(transport=transport, timeout=5, limits=limits) as c:
+            await asyncio.sleep(0.5)  # the flood is on
+            while time.monotonic() < end:
+                start = time.perf_counter()
+                try:
+                    status = (await c.post(url + "/v1/chat/completions", content=CHAT)).status_code
+                except httpx.HTTPError:
+                    status = 0
+                slowest = max(slowest, time.perf_counter() - start)
+                sent, answered = sent + 1, answered + (status == 200)
+                await asyncio.sleep(0.05)
+        return answered, sent, slowest
+
+    *_, (answered, sent, slowest) = await asyncio.gather(*(opener() for _ in range(32)), other())
+    for writer in held:
+        writer.close()
+    print(
+        f"one address opening {len(held)} connections in {seconds:.0f} s and reading none: "
+        f"another address's requests answered {answered} of {sent} (slowest "
+        f"{slowest * 1000:.0f} ms)"
+    )
+
+
 async def _peers(url: str) -> None:
     host, port = url.removeprefix("http://").split(":")
     held = []
-    for _ in range(40):
+    for _ in range(110):
         held.append(await asyncio.open_connection(host, int(port)))
         await asyncio.sleep(0.01)
     other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
@@ -133,7 +202,7 @@ async def _peers(url: str) -> None:
             refused += b"503" in await asyncio.wait_for(reader.read(64), 0.5)
         writer.close()
     print(
-        f"one address holding 40 connections (share 32 of 64): {refused} refused with 503; "
+        f"one address holding 110 connections (share 100 of 200): {refused} refused with 503; "
         f"its next request {mine.status_code} ({mine.json().get('error', {}).get('code')}), "
         f"another address's {theirs.status_code}"
     )
@@ -142,13 +211,23 @@ async def _peers(url: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--trailer-mib", type=int, default=128, help="trailer size")
-    mib = parser.parse_args().trailer_mib
+    parser.add_argument("--chunks", type=int, default=4_000_000, help="one-byte chunks")
+    parser.add_argument("--only", default="trailer,chunks,pipelined,peers,flood", help="attacks")
+    parser.add_argument("--flood-s", type=float, default=10.0, help="how long the flood lasts")
+    parser.add_argument(
+        "--flood-connections", type=int, default=12000, help="most connections the flood opens"
+    )
+    parser.add_argument("--only-flood", action="store_true", help="the flood alone")
+    args = parser.parse_args()
+    mib, only = args.trailer_mib, set(args.only.split(","))
+    if args.only_flood:
+        only = {"flood"}
     sim_port, port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         policy = Path(tmp) / "policy.yaml"
         policy.write_text(POLICY.format(sim=f"http://127.0.0.1:{sim_port}"))
         exe = str(Path(sys.executable).parent / "speclane")
-        env = {**os.environ, "SPECLANE_MAX_CONNECTIONS": "64", "SPECLANE_LOG_LEVEL": "error"}
+        env = {**os.environ, "SPECLANE_MAX_CONNECTIONS": "200", "SPECLANE_LOG_LEVEL": "error"}
         sim = subprocess.Popen(
             [exe, "sim", "--port", str(sim_port), "--model", "tiny", "--zero-latency"]
         )
@@ -162,10 +241,18 @@ def main() -> int:
                     if httpx.get(url + "/readyz").status_code == 200:
                         break
                 time.sleep(0.1)
-            trailer = functools.partial(_trailer, mib=mib)
-            asyncio.run(_attack(f"{mib} MiB chunked trailer", url, gateway.pid, trailer))
-            asyncio.run(_attack("70 KB pipelined head", url, gateway.pid, _pipelined))
-            asyncio.run(_peers(url))
+            if "trailer" in only:
+                trailer = functools.partial(_trailer, mib=mib)
+                asyncio.run(_attack(f"{mib} MiB chunked trailer", url, gateway.pid, trailer))
+            if "chunks" in only:
+                tiny = functools.partial(_tiny_chunks, n=args.chunks)
+                asyncio.run(_attack(f"{args.chunks} one-byte chunks", url, gateway.pid, tiny))
+            if "pipelined" in only:
+                asyncio.run(_attack("70 KB pipelined head", url, gateway.pid, _pipelined))
+            if "peers" in only:
+                asyncio.run(_peers(url))
+            if "flood" in only:
+                asyncio.run(_flood(url, args.flood_s, args.flood_connections))
         finally:
             for child in (gateway, sim):
                 child.terminate()

@@ -19,13 +19,24 @@ while it ran, as this client saw them): the same table as ``bench/decision_quali
 Shadow mirrors, which a client never sees, are read back from the gateways' outcome logs
 (each names the request it mirrored) and priced as replay prices them.
 
+A class with a ``session`` (the agent scenarios, ``bench/scenarios/agents-*.yaml``) sends
+conversations, as replay does: each client draws the same conversations replay draws for it
+(``gateway/replay/bodies.py``'s ``Talk``, from the same seed), sends each turn with the whole
+history in its API's words to that API's route, the next turn only once the turn before was
+answered, and stops after its ``sessions``; the simulators report the prompt tokens their
+prefix cache held (``--enable-prompt-tokens-details``). Such a scenario also prints
+``bench/agent_cache.py``'s row for the run (the conversations' prefix-cache hit rate from
+the third turn, their TTFT, GPU-seconds with prefill), beside the same row from the replay
+of the same seed, so live and replay compare on one line each.
+
 ``--time-scale`` runs the simulated servers faster than real time (their steps, the drift
 schedule, think times and arrivals all shrink by it) and the gateways with them
 (``SPECLANE_TIME_SCALE``: their clocks, windows, cooldowns, ticks and scrapes in the
 simulators' time), so guardrail events are dated in scenario seconds, as replay dates them.
 What a scale below 1 cannot shrink is the machine: the gateway's own work per chunk and
 request takes real time, and a busy machine reads as a busier engine. Use 1 (the default)
-for numbers to quote.
+for numbers to quote. ``--cost-model`` (default ``measured``: the H200 curve for the
+model's size) is the simulators' step-time model and the pricing's.
 """
 
 from __future__ import annotations
@@ -43,15 +54,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import agent_cache
 import httpx
 import orjson
 import yaml
 from procs import Supervisor, free_port
 
+from backends.sim.cli import COST_MODEL_HELP, cost_for, cost_model_arg
 from backends.sim.model import build_profile
-from gateway.replay.bodies import build
+from gateway.replay.bodies import Built, Talk, build
 from gateway.replay.report import TABLE_HEAD, markdown_row, summarise
-from gateway.replay.run import Replay, Row
+from gateway.replay.run import Replay, Row, replay
 from gateway.replay.scenario import Scenario, Traffic, load_scenario
 from policies.compiled import CompiledPolicy, load_policy
 from policies.guardrail import Phase, SliceState, Transition
@@ -60,7 +73,7 @@ from policies.model import PoolKind
 TOKEN = "live-scenarios"
 LEAD_S = 20.0  # model seconds between the simulators' start and the scenario's second 0 ...
 LEAD_REAL_S = 15.0  # ... and at least this many real ones: the gateways must be up by then
-PATH = "/v1/chat/completions"
+_OPENINGS = ("message_start", "ping", "response.created", "response.in_progress")
 
 
 @dataclass(slots=True)
@@ -92,6 +105,11 @@ class Run:
     sent: dict[str, int] = field(default_factory=dict)  # request id -> its row
     errors: dict[str, int] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    talks: dict[tuple[int, int], Talk] = field(default_factory=dict)  # (class, client)
+    talked: dict[tuple[int, int], int] = field(default_factory=dict)  # conversations begun
+
+    def __post_init__(self) -> None:
+        self.rng.seed(f"{self.scenario.seed}:live")
 
     def now(self) -> float:
         """Scenario seconds since second 0."""
@@ -117,6 +135,52 @@ def stack_policy(policy: CompiledPolicy, urls: dict[str, list[str]]) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    """One simulated server of the stack: the pool it serves and its ``speclane sim``
+    arguments (after ``sim``, without ``--port``)."""
+
+    pool: str
+    argv: tuple[str, ...]
+
+
+def sim_specs(
+    policy: CompiledPolicy, scenario: Scenario, args: argparse.Namespace, lead_s: float
+) -> list[SimSpec]:
+    """One simulator per endpoint the policy lists for each pool of the scenario's ladder:
+    its k, the scenario's batch limits, its acceptance schedule (``--drift``, second 0 at
+    ``lead_s`` of the simulator's time), the time scale, proposer and cost model."""
+    model = scenario.model or next(iter(policy.ladders))
+    ladder = policy.ladders[model]
+    drift = ",".join(
+        f"{p.workload.value}{'/' + p.tool if p.tool else ''}@{p.at_s + lead_s:g}={p.acceptance:g}"
+        for p in scenario.drift_points()
+    )
+    out = []
+    for name in ladder.pools:
+        pool = policy.pools[name]
+        for _ in pool.endpoints:
+            argv = ["--model", model, "--seed", str(scenario.seed + 97 * len(out))]
+            argv += ["--max-num-seqs", str(scenario.max_num_seqs)]
+            argv += ["--max-num-batched-tokens", str(scenario.max_num_batched_tokens)]
+            argv += ["--time-scale", str(args.time_scale), "--method", args.method]
+            argv += ["--engine", pool.engine.value]  # the engine's shapes and pages
+            argv += [] if scenario.prefix_caching else ["--no-enable-prefix-caching"]
+            if any(t.session is not None for t in scenario.traffic):
+                argv += ["--enable-prompt-tokens-details"]  # what each turn found cached
+                argv += ["--max-model-len", str(model_len(scenario))]
+            if scenario.kv_cache_tokens is not None:
+                argv += ["--kv-cache-tokens", str(scenario.kv_cache_tokens)]
+            argv += ["--cost-model", args.cost_model]
+            if pool.kind is PoolKind.SPECULATIVE:
+                argv += ["--mode", "speculative", "--k", str(pool.num_speculative_tokens)]
+                argv += ["--drift", drift] if drift else []
+            else:
+                argv += ["--mode", "standard"]
+            out.append(SimSpec(name, tuple(argv)))
+    return out
+
+
 def start_stack(
     sup: Supervisor,
     policy: CompiledPolicy,
@@ -124,33 +188,17 @@ def start_stack(
     args: argparse.Namespace,
     work: Path,
 ) -> tuple[list[str], int]:
-    model = scenario.model or next(iter(policy.ladders))
-    ladder = policy.ladders[model]
-    lead_s = max(LEAD_S, LEAD_REAL_S / args.time_scale)  # model seconds before second 0
-    drift = ",".join(
-        f"{p.workload.value}{'/' + p.tool if p.tool else ''}@{p.at_s + lead_s:g}={p.acceptance:g}"
-        for p in scenario.drift_points()
-    )
+    # second 0 is fixed before the simulators start (a drift schedule is in their own time),
+    # far enough ahead for the stack to be up, and settled, on a busy machine
+    lead_s = max(LEAD_S, LEAD_REAL_S / args.time_scale)
     urls: dict[str, list[str]] = {}
     children = []
-    for name in ladder.pools:
-        pool = policy.pools[name]
-        for i, _ in enumerate(pool.endpoints):
-            port = free_port()
-            argv = [sys.executable, "-m", "gateway", "sim", "--port", str(port), "--model", model]
-            argv += ["--seed", str(scenario.seed + 97 * len(children))]
-            argv += ["--max-num-seqs", str(scenario.max_num_seqs)]
-            argv += ["--max-num-batched-tokens", str(scenario.max_num_batched_tokens)]
-            argv += ["--time-scale", str(args.time_scale), "--method", args.method]
-            argv += ["--engine", pool.engine.value]  # the engine's shapes and pages
-            if pool.kind is PoolKind.SPECULATIVE:
-                argv += ["--mode", "speculative", "--k", str(pool.num_speculative_tokens)]
-                argv += ["--drift", drift] if drift else []
-            else:
-                argv += ["--mode", "standard"]
-            url = f"http://127.0.0.1:{port}"
-            children.append((sup.start(f"sim-{name}-{i}", argv), url))
-            urls.setdefault(name, []).append(url)
+    for spec in sim_specs(policy, scenario, args, lead_s):
+        port = free_port()
+        argv = [sys.executable, "-m", "gateway", "sim", "--port", str(port), *spec.argv]
+        url = f"http://127.0.0.1:{port}"
+        children.append((sup.start(f"sim-{spec.pool}-{len(children)}", argv), url))
+        urls.setdefault(spec.pool, []).append(url)
     sims_started = time.monotonic()
     for child, url in children:
         sup.wait_ready(child, url + "/health")
@@ -162,6 +210,17 @@ def start_stack(
         raise RuntimeError("the stack took longer to start than the lead time; raise LEAD_REAL_S")
     time.sleep(remaining)
     return gateways, sum(len(v) for v in urls.values())
+
+
+def model_len(scenario: Scenario) -> int:
+    """A ``--max-model-len`` that holds the scenario's longest conversation and its answer,
+    twice over (replay's engines refuse no prompt; the simulators count tokens by
+    characters, as replay does), and never below the simulator's default."""
+    longest = max(
+        (t.session.last_tokens + t.max_tokens for t in scenario.traffic if t.session is not None),
+        default=0,
+    )
+    return max(32_768, 2 * longest)
 
 
 def start_gateways(sup: Supervisor, policy_path: Path, count: int, scale: float) -> list[str]:
@@ -188,25 +247,30 @@ def start_gateways(sup: Supervisor, policy_path: Path, count: int, scale: float)
     return urls
 
 
-async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, who: int) -> None:
+async def send(
+    run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, who: int, talk: Talk | None
+) -> None:
     scenario = run.scenario
     model = scenario.model or next(iter(run.policy.ladders))
-    built = build(scenario.name, traffic, who, model)
+    built = (
+        talk.body(scenario.name, who, model) if talk else build(scenario.name, traffic, who, model)
+    )
     request_id = f"{scenario.name}-{traffic.name}-{who}-{len(run.rows)}-{run.rng.random():.9f}"
     headers = {**built.headers, "x-request-id": request_id}
     arrival = run.now()
     area = run.load.move(arrival, +1)
     pool = ""
     try:
-        response, tokens, prompt = await _exchange(
-            client, run.gateway(who) + PATH, built.body, headers
-        )
+        url = run.gateway(who) + built.path
+        response, heard = await _exchange(client, run, url, built, headers)
     finally:
         done = run.now()
         area_after = run.load.move(done, -1)
     if response.status_code != 200:
         key = f"{response.status_code}"
         run.errors[key] = run.errors.get(key, 0) + 1
+        if talk is not None and 400 <= response.status_code < 500 and key != "429":
+            talk.turn = talk.turns + 1  # refused as it is: the conversation ends there
         return
     answered = response.headers
     pool = answered.get("x-speclane-pool", "")
@@ -223,27 +287,32 @@ async def send(run: Run, client: httpx.AsyncClient, i: int, traffic: Traffic, wh
     mean = (area_after - area) / span if span > 0 else 1.0
     reason = answered.get("x-speclane-reason", "")
     run.sent[request_id] = len(run.rows)
-    run.rows.append(
-        Row(
-            index=len(run.rows),
-            traffic=traffic.name,
-            client=who,
-            phase=scenario.phase_of(arrival),
-            slice=answered.get("x-speclane-slice", ""),
-            rule=answered.get("x-speclane-rule", ""),
-            pool=pool,
-            rung=ladder.pools.index(pool) if pool in ladder.pools else len(ladder.pools) - 1,
-            probe="probe" in reason,
-            shadow=False,
-            arrival=arrival,
-            reason=reason,
-            done=done,
-            tokens=tokens,
-            acceptance=profile.acceptance,
-            load=max(1.0, mean / run.endpoints),
-            context=prompt + tokens / 2,
-        )
+    row = Row(
+        index=len(run.rows),
+        traffic=traffic.name,
+        client=who,
+        phase=scenario.phase_of(arrival),
+        slice=answered.get("x-speclane-slice", ""),
+        rule=answered.get("x-speclane-rule", ""),
+        pool=pool,
+        rung=ladder.pools.index(pool) if pool in ladder.pools else len(ladder.pools) - 1,
+        probe="probe" in reason,
+        shadow=False,
+        arrival=arrival,
+        reason=reason,
+        done=done,
+        tokens=heard.tokens,
+        acceptance=profile.acceptance,
+        load=max(1.0, mean / run.endpoints),
+        context=heard.prompt + heard.tokens / 2,
+        first=heard.first if heard.first is not None else done,
+        prompt_tokens=heard.prompt,
+        cached=heard.cached,
     )
+    if talk is not None:
+        row.talk, row.turn = talk.key, talk.turn
+        talk.answered()
+    run.rows.append(row)
 
 
 def mirrors(run: Run, logs: list[Path]) -> list[Row]:
@@ -270,34 +339,86 @@ def mirrors(run: Run, logs: list[Path]) -> list[Row]:
                     shadow=True,
                     tokens=tokens,
                     context=int(record["prompt_tokens"] or 0) + tokens / 2,
+                    prompt_tokens=int(record["prompt_tokens"] or 0),
+                    cached=int(record.get("cached_tokens") or 0),
                 )
             )
     return out
 
 
+@dataclass(slots=True)
+class Answered:
+    """What a client read of an answer: its completion, prompt and cached prompt tokens (from
+    its usage, in any API's words), and when its first generated content came (scenario
+    seconds; None for an answer read whole)."""
+
+    tokens: int = 0
+    prompt: int = 0
+    cached: int = 0
+    first: float | None = None
+
+    def read(self, usage: object) -> None:
+        if not isinstance(usage, dict):
+            return
+        self.prompt = int(usage.get("prompt_tokens") or usage.get("input_tokens") or self.prompt)
+        self.tokens = int(
+            usage.get("completion_tokens") or usage.get("output_tokens") or self.tokens
+        )
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        cached = usage.get("cache_read_input_tokens") or details.get("cached_tokens")
+        self.cached = int(cached or self.cached)
+
+
 async def _exchange(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> tuple[httpx.Response, int, int]:
-    """Send one request; the completion and prompt tokens from its usage (streamed or
+    client: httpx.AsyncClient, run: Run, url: str, built: Built, headers: dict[str, str]
+) -> tuple[httpx.Response, Answered]:
+    """Send one request to ``url`` (its API's route); what its usage says (streamed or
     whole)."""
-    if not body.get("stream"):
-        response = await client.post(url, json=body, headers=headers)
-        usage = response.json().get("usage") or {} if response.status_code == 200 else {}
-        return response, int(usage.get("completion_tokens") or 0), _prompt(usage)
-    tokens = prompt = 0
-    async with client.stream("POST", url, json=body, headers=headers) as response:
+    answered = Answered()
+    if not built.body.get("stream"):
+        response = await client.post(url, json=built.body, headers=headers)
+        if response.status_code == 200:
+            answered.read(response.json().get("usage"))
+        return response, answered
+    async with client.stream("POST", url, json=built.body, headers=headers) as response:
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = orjson.loads(line[6:])
-            if isinstance(event, dict) and event.get("usage"):
-                tokens = int(event["usage"].get("completion_tokens") or 0)
-                prompt = _prompt(event["usage"])
-    return response, tokens, prompt
+            if not isinstance(event, dict):
+                continue
+            if answered.first is None and _generated(event):
+                answered.first = run.now()
+            answered.read(event.get("usage"))
+            for inner in ("message", "response"):  # Messages' start, Responses' completion
+                if isinstance(event.get(inner), dict):
+                    answered.read(event[inner].get("usage"))
+    return response, answered
 
 
-def _prompt(usage: dict[str, Any]) -> int:
-    return int(usage.get("prompt_tokens") or 0)
+def _generated(event: dict[str, Any]) -> bool:
+    """Whether a stream's event carries what the model generated (not an opening event)."""
+    kind = event.get("type")
+    if kind is None:  # a chat or completions chunk
+        return bool(event.get("choices"))
+    return isinstance(kind, str) and kind not in _OPENINGS and not kind.startswith("error")
+
+
+def _turn(run: Run, i: int, traffic: Traffic, who: int) -> Talk | None:
+    """The client's conversation under way, or its next one; None once it has had its
+    ``sessions`` (as replay's clients go)."""
+    session = traffic.session
+    assert session is not None
+    talk = run.talks.get((i, who))
+    if talk is not None and not talk.done:
+        return talk
+    number = run.talked.get((i, who), 0)
+    if session.sessions is not None and number >= session.sessions:
+        return None
+    run.talked[(i, who)] = number + 1
+    talk = Talk.draw(run.scenario.name, run.scenario.seed, traffic, who, number)
+    run.talks[(i, who)] = talk
+    return talk
 
 
 async def closed_client(run: Run, client: httpx.AsyncClient, i: int, who: int) -> None:
@@ -305,12 +426,15 @@ async def closed_client(run: Run, client: httpx.AsyncClient, i: int, who: int) -
     await _sleep_until(run, run.rng.uniform(0, max(traffic.think_s, 0.5)))
     while run.now() < run.scenario.duration_s:
         if who >= traffic.level(run.now()):
-            later = [at for at in traffic.changes() if at > run.now()]
+            later = [at for at in traffic.changes() if run.now() < at < run.scenario.duration_s]
             if not later:
                 return
             await _sleep_until(run, later[0])
             continue
-        await send(run, client, i, traffic, who)
+        talk = _turn(run, i, traffic, who) if traffic.session is not None else None
+        if traffic.session is not None and talk is None:
+            return  # its sessions are over
+        await send(run, client, i, traffic, who, talk)
         await asyncio.sleep(traffic.think_s * run.scale)
 
 
@@ -321,13 +445,13 @@ async def open_class(run: Run, client: httpx.AsyncClient, i: int) -> None:
     while run.now() < run.scenario.duration_s:
         rate = traffic.level(run.now())
         if rate <= 0:
-            later = [at for at in traffic.changes() if at > run.now()]
+            later = [at for at in traffic.changes() if run.now() < at < run.scenario.duration_s]
             if not later:
                 break
             await _sleep_until(run, later[0])
             continue
         await asyncio.sleep(run.rng.expovariate(rate) * run.scale)
-        task = asyncio.create_task(send(run, client, i, traffic, who))
+        task = asyncio.create_task(send(run, client, i, traffic, who, None))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         who += 1
@@ -381,20 +505,37 @@ def run_one(path: Path, policy_path: Path, args: argparse.Namespace) -> dict[str
     with tempfile.TemporaryDirectory() as tmp, Supervisor(Path(tmp)) as sup:
         gateways, endpoints = start_stack(sup, policy, scenario, args, Path(tmp))
         run = Run(scenario, policy, gateways, args.time_scale, endpoints)
-        run.rng.seed(f"{scenario.seed}:live")
         wall = time.monotonic()
         events = asyncio.run(drive(run))
         wall = time.monotonic() - wall
         sup.close()  # the gateways write what is left of their outcome logs as they stop
-        run.rows += mirrors(run, sorted(Path(tmp).glob("outcomes-*.jsonl")))
+        summary = priced(run, events, sorted(Path(tmp).glob("outcomes-*.jsonl")), args)
+    summary["wall_s"] = round(wall, 1)
+    return summary
+
+
+def priced(
+    run: Run, events: list[Transition], logs: list[Path], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The run's summary, as ``speclane replay`` summarises one: its rows and the shadow
+    mirrors in the gateways' outcome logs (``logs``) priced with the cost model, beside the
+    guardrail's events (scenario seconds)."""
+    scenario, policy = run.scenario, run.policy
+    run.rows += mirrors(run, logs)
     model = scenario.model or next(iter(policy.ladders))
     ladder = policy.ladders[model]
     counts = {p: len(policy.pools[p].endpoints) for p in ladder.pools}
-    replay = Replay(scenario, ladder, counts, sorted(run.rows, key=lambda r: r.arrival), events)
-    summary = summarise(replay, policy)
+    rows = sorted(run.rows, key=lambda r: r.arrival)
+    cost = cost_for(cost_model_arg(args.cost_model), model)
+    live = Replay(scenario, ladder, counts, rows, events, cost=cost, placement="live")
+    summary = summarise(live, policy)
     summary["errors"] = run.errors
-    summary["wall_s"] = round(wall, 1)
     summary["seed"] = scenario.seed
+    if run.talks:  # conversations: live and replay of the same seed, as agent_cache reports
+        replayed = replay(policy, scenario, cost=cost)
+        measured = [agent_cache.measure(live), agent_cache.measure(replayed)]
+        summary["agents"] = [dataclasses.asdict(m) for m in measured]
+        summary["agents_table"] = agent_cache.table(scenario.name, scenario.seed, measured)
     return summary
 
 
@@ -406,11 +547,14 @@ def main() -> int:
     parser.add_argument("--method", default="draft_model", help="the simulators' proposer")
     parser.add_argument("--seed", type=int, default=0, help="offset of the scenario's seed")
     parser.add_argument("--out", type=Path, help="write each JSON summary here")
+    add_cost_model(parser)
     args = parser.parse_args()
     print(TABLE_HEAD)
     for path in args.scenario:
         summary = run_one(path, args.policy, args)
         print(markdown_row(summary), flush=True)
+        if "agents_table" in summary:
+            print("\n" + agent_cache.HEAD + "\n" + "\n".join(summary["agents_table"]) + "\n")
         errors = summary["errors"]
         if errors:
             print(f"  client errors: {errors}", file=sys.stderr)
@@ -419,6 +563,16 @@ def main() -> int:
             target = args.out / f"{summary['scenario']}-live-seed{args.seed}.json"
             target.write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def add_cost_model(parser: argparse.ArgumentParser) -> None:
+    """``--cost-model``: the simulators' step-time model, and the pricing's."""
+
+    def checked(text: str) -> str:
+        cost_model_arg(text)  # a bad value is a usage error here, not in a child
+        return text
+
+    parser.add_argument("--cost-model", type=checked, default="measured", help=COST_MODEL_HELP)
 
 
 if __name__ == "__main__":

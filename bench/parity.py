@@ -4,7 +4,7 @@ and whether they decide alike.
 
     .venv/bin/python bench/parity.py --policy bench/policies/mixed.yaml \\
         --scenario bench/scenarios/surge-mix.yaml [--scenario ...] [--time-scale 0.25] \\
-        [--max-delay-s 30] [--max-cost-gap 0.03] [--out DIR]
+        [--max-delay-s 30] [--max-cost-gap 0.03] [--cost-model gpu-32b] [--out DIR]
 
 Per scenario it prints adaptive / oracle for both runs, each slice's moves between rungs side
 by side with their times (scenario seconds; a probing phase is not a move), and a verdict:
@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from live_scenarios import run_one
+from live_scenarios import add_cost_model, run_one
 
+from backends.sim.cli import cost_for, cost_model_arg
 from gateway.replay.report import summarise
 from gateway.replay.run import replay
 from gateway.replay.scenario import load_scenario
@@ -142,13 +143,16 @@ def main() -> int:
     parser.add_argument("--max-delay-s", type=float, default=30.0)
     parser.add_argument("--max-cost-gap", type=float, default=0.03)
     parser.add_argument("--out", type=Path, help="write each scenario's two summaries here")
+    add_cost_model(parser)
     args = parser.parse_args()
     policy = load_policy(args.policy.read_text(), str(args.policy))
     failed = 0
     for path in args.scenario:
         scenario = load_scenario(path.read_text(), str(path))
         scenario = scenario.model_copy(update={"seed": scenario.seed + 1000 * args.seed})
-        replayed = summarise(replay(policy, scenario), policy)
+        model = scenario.model or next(iter(policy.ladders))
+        cost = cost_for(cost_model_arg(args.cost_model), model)
+        replayed = summarise(replay(policy, scenario, cost=cost), policy)
         live = run_one(path, args.policy, args)
         verdict = compare(replayed, live, args.max_delay_s, args.max_cost_gap)
         print(report(scenario.name, replayed, live, verdict), flush=True)

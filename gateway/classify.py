@@ -13,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
 from gateway import tokens
-from gateway.endpoints import api_of
+from gateway.apis import api_of
 from gateway.identity import Caller, caller_from
+from gateway.prompt.prints import prints
+from gateway.prompt.render import segments
 from gateway.schema import (
     AnyRequest,
     ChatRequest,
@@ -28,6 +30,7 @@ from gateway.schema import (
     ResponsesRequest,
 )
 from policies.features import Features, ResponseFormat
+from policies.model import RequestDefaults
 
 _FORMATS = {f.value: f for f in ResponseFormat}
 
@@ -43,6 +46,16 @@ class Defaults:
     top_p: float = 1.0
     tenant_header: str = "x-speclane-tenant"
     endpoint_header: str = "x-speclane-endpoint"
+
+    def under(self, policy: RequestDefaults) -> Defaults:
+        """These defaults with what the policy file says the served model uses on top."""
+        if policy.temperature is None and policy.top_p is None:
+            return self
+        return replace(
+            self,
+            temperature=self.temperature if policy.temperature is None else policy.temperature,
+            top_p=self.top_p if policy.top_p is None else policy.top_p,
+        )
 
 
 def classify(
@@ -66,6 +79,7 @@ def classify(
         model=request.model,
         temperature=defaults.temperature if request.temperature is None else request.temperature,
         top_p=defaults.top_p if request.top_p is None else request.top_p,
+        defaulted=_defaulted(request),
         tools=tools,
         tools_fingerprint=hashlib.blake2b(schemas, digest_size=8).hexdigest() if tools else "",
         response_format=fmt,
@@ -80,7 +94,15 @@ def classify(
         request_id=request_id,
         headers=headers,
         thinking=_thinks(request),
+        prompt=prints(segments(request)),
     )
+
+
+def _defaulted(request: AnyRequest) -> tuple[str, ...]:
+    """The sampling fields the request left out, which the backend's defaults fill."""
+    if request.temperature is None:
+        return ("temperature",) if request.top_p is not None else ("temperature", "top_p")
+    return () if request.top_p is not None else ("top_p",)
 
 
 def prompt_tokens(request: AnyRequest, tool_schemas: bytes = b"") -> int:

@@ -1,12 +1,15 @@
 """Every error the gateway answers with, and where it comes from. One tree per boundary
-(``backends/errors.py`` draws the backend's); typed failures stay typed until the pipeline
-has decided what to do about them (fail over, retry a broken answer), and only then become
-an ``ApiError``, here, in ``from_backend`` and ``broke``.
+(``backends/errors.py`` draws the backend's); typed failures stay typed until nothing more
+will be tried for them (the pools fail over and retry a broken whole answer), and only then
+become the client's answer, in one place on the request path (``gateway/pipeline.py``'s
+``_boundary``), by ``from_backend`` (``broke``) or ``rejected``. Past a stream's first
+byte the relays end it with ``ApiError.sse`` instead.
 
     ApiError(status=, message=, type=, param=, code=)   -> {"error": {...}} with that status
      │                                      (on Anthropic's routes, /v1/messages...,
      │                                      {"type": "error", "error": {"type", "message"}},
-     │                                      the type named by the status: ``ANTHROPIC``;
+     │                                      the type named by the status:
+     │                                      ``backends.errors.ANTHROPIC_TYPES``;
      │                                      a Responses stream's final error event is
      │                                      ``event: error`` {"type": "error", "code", ...})
      │ the model routes (gateway/pipeline.py, gateway/schema.py, gateway/gate.py,
@@ -18,9 +21,10 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
      ├── 429 too_many_requests               no place in flight, the gateway's or the
      │                                       tenant's (Retry-After)
      ├── 499 client_closed                   the client hung up first (logged, never sent)
-     ├── 502 upstream_stream_broken          a whole answer broke part way, retries spent
-     │                                       (``StreamBroken``); after a stream's first
-     │                                       byte, its final SSE error event
+     ├── 502 upstream_stream_broken          a whole answer assembled from streams broke
+     │                                       part way, retries spent (``BreaksSpent``; a
+     │                                       body read whole: 503); after a stream's
+     │                                       first byte, its final SSE error event
      ├── 502 upstream_error                  an upstream error event after the first, with
      │                                       a 5xx code or none (``UpstreamErrorEvent``)
      ├── 502 upstream_bad_answer             every try answered 200 with no answer: not a
@@ -29,9 +33,9 @@ an ``ApiError``, here, in ``from_backend`` and ``broke``.
      │                                       an event over it ends the stream (502
      │                                       upstream_stream_broken)
      ├── 429 upstream_rate_limited           every try was answered 429 (Retry-After: the
-     │                                       largest an upstream sent, at least the pools')
+     │                                       largest an upstream sent, at least 1 s)
      ├── 503 no_healthy_upstream             every pool of the ladder failed (Retry-After:
-     │                                       the pools' own, or the largest an upstream sent)
+     │                                       1 s, or the largest an upstream sent)
      ├── 503 shutting_down                   draining (Retry-After, Connection: close); as
      │                                       the final SSE event of a stream cut at the
      │                                       end of the drain
@@ -64,7 +68,10 @@ Before a request exists (``gateway/server/connections.py``, the same shape, then
 Passed through as they came: a 4xx from upstream with an error object, or an error event
 with a 4xx code that opened its stream (``backends.errors.UpstreamRejected``), with its
 status, whether the client streams or not (``rejected``); every answer of the engine's other
-routes, whatever its status (``gateway/server/relayed.py``). A Responses API call naming an
+routes, whatever its status (``gateway/server/relayed.py``). On Anthropic's routes
+(``/v1/messages`` and its ``count_tokens``) every upstream 4xx keeps its status and message
+but takes Anthropic's shape and the status's type (``anthropic_rejected``): vLLM answers
+what its request model refuses in its OpenAI shape. A Responses API call naming an
 id the gateway cannot place gets vLLM's own 404 (``response_not_found``), and
 ``/v1/messages/count_tokens`` gets the gateway's errors in Anthropic's shape
 (``{"type": "error", "error": {"type": ..., "message": ...}}``).
@@ -77,36 +84,30 @@ id the gateway cannot place gets vLLM's own 404 (``response_not_found``), and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from backends.errors import (
-    ANTHROPIC_TYPES,
     AnswerTimeout,
     BackendError,
     BadAnswer,
+    BreaksSpent,
     StreamBroken,
     Unavailable,
     UpstreamRejected,
     UpstreamTimeout,
+    anthropic_type,
 )
 
 JSON = "application/json"
 BROKEN = "upstream_stream_broken"
+# the shape of an API's errors (each API's own, ``gateway/apis/``): OpenAI's, Anthropic's,
+# or OpenAI's with the Responses API's own error event
 Shape = Literal["openai", "anthropic", "responses"]
-ANTHROPIC = ANTHROPIC_TYPES  # the error type of each status, on Anthropic's routes
-
-
-def shape_of(path: str) -> Shape:
-    """The error shape of the API served at ``path``: Anthropic's under ``/v1/messages``;
-    under ``/v1/responses`` OpenAI's, with the Responses API's own error event."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return "anthropic"
-    return "responses" if path == "/v1/responses" or path.startswith("/v1/responses/") else "openai"
 
 
 class UpstreamErrorEvent(Exception):
@@ -131,8 +132,7 @@ class ApiError(Exception):
 
     def body(self, shape: Shape = "openai") -> dict[str, object]:
         if shape == "anthropic":
-            kind = ANTHROPIC.get(self.status, "api_error")
-            return {"type": "error", "error": {"type": kind, "message": self.message}}
+            return _anthropic(self.status, self.message)
         return {
             "error": {
                 "message": self.message,
@@ -165,12 +165,26 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(status=400, message=message, param=param)
 
 
+def unknown_model(model: str, served: Iterable[str]) -> ApiError:
+    """404 for a model no ladder serves, naming those that are (as vLLM's names its
+    aliases), so a client can tell a typo from a wrong gateway."""
+    names = ", ".join(sorted(served)) or "none"
+    return ApiError(
+        status=404,
+        message=f"The model `{model}` does not exist. Served models: {names}.",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def from_backend(exc: BackendError | UpstreamErrorEvent) -> ApiError:
     """What the client is told of a failure nothing more will be tried for."""
     if isinstance(exc, UpstreamErrorEvent):
         return _server_error(502, str(exc), "upstream_error")
     if isinstance(exc, (AnswerTimeout, UpstreamTimeout)):
         return _server_error(504, str(exc), "upstream_timeout")
+    if isinstance(exc, BreaksSpent):
+        return broke(exc.times)
     if isinstance(exc, StreamBroken):
         return _server_error(502, str(exc), BROKEN)
     if isinstance(exc, BadAnswer):
@@ -221,20 +235,49 @@ def rejected(
     exc: UpstreamRejected, headers: dict[str, str] | None = None, shape: Shape = "openai"
 ) -> Response:
     """An upstream 4xx (or an error event that opened its stream), passed on with its own
-    body when that body is an error object (OpenAI's or Anthropic's); ``headers`` say who
-    answered."""
+    body when that body is an error object (OpenAI's or Anthropic's); on Anthropic's routes
+    always in Anthropic's shape (``anthropic_rejected``); ``headers`` say who answered."""
+    if shape == "anthropic":
+        reshaped = anthropic_rejected(exc.status, exc.body)
+        return Response(reshaped, exc.status, headers, media_type=JSON)
     try:
         body = orjson.loads(exc.body)
     except orjson.JSONDecodeError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return Response(exc.body, exc.status, headers, media_type=JSON)
-    if isinstance(body, dict) and isinstance(body.get("message"), str):  # a Responses event
-        message = body["message"][:500]
-    else:
-        message = exc.body.decode(errors="replace")[:500] or f"upstream answered {exc.status}"
-    error = ApiError(status=exc.status, message=message, code="upstream_rejected")
+    error = ApiError(
+        status=exc.status, message=_message(exc.status, exc.body), code="upstream_rejected"
+    )
     return error.response(headers, shape)
+
+
+def anthropic_rejected(status: int, body: bytes) -> bytes:
+    """An upstream's error answer on an Anthropic route, in Anthropic's shape: vLLM answers
+    what its pydantic model refuses (a role of ``robot``, a thinking budget under 1024) in
+    its OpenAI shape, and its own errors with its own type names (``NotFoundError``); the
+    type is the status's (``backends.errors.ANTHROPIC_TYPES``), the message the upstream's."""
+    return orjson.dumps(_anthropic(status, _message(status, body)))
+
+
+def _anthropic(status: int, message: str) -> dict[str, object]:
+    return {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
+
+
+def _message(status: int, raw: bytes) -> str:
+    """The message of an upstream's error answer: its error object's, a Responses error
+    event's, or its text."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    for holder in (error, body):
+        if isinstance(holder, dict) and isinstance(holder.get("message"), str):
+            return str(holder["message"])[:2000]
+    if isinstance(error, str):  # some servers' {"error": "..."}
+        return error[:2000]
+    return raw.decode(errors="replace")[:500] or f"upstream answered {status}"
 
 
 def response_not_found(response_id: str) -> Response:
@@ -255,12 +298,7 @@ def route_not_found(status: int = 404) -> Response:
     return Response(orjson.dumps({"detail": detail}), status, media_type=JSON)
 
 
-async def api_error_handler(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return exc.response(shape=shape_of(request.scope["path"]))
-
-
-def internal_error(path: str = "") -> Response:
-    """The answer to a bug: no traceback, no detail, in the shape of the API at ``path``."""
+def internal_error(shape: Shape = "openai") -> Response:
+    """The answer to a bug: no traceback, no detail, in the shape of the API it came in on."""
     error = ApiError(status=500, message="internal error", type="server_error")
-    return error.response(shape=shape_of(path))
+    return error.response(shape=shape)

@@ -89,6 +89,12 @@ class Identity:
             key: name for name, tenant in policy.file.tenants.items() for key in tenant.api_keys
         }
 
+    @property
+    def knows_tenants(self) -> bool:
+        """Whether any request can have a tenant (a key the policy names, or the trusted
+        header): without, every request is ``anonymous``, outside every partial rollout."""
+        return self._header is not None or bool(self._keys)
+
     def caller(self, headers: Mapping[str, str]) -> Caller:
         """The request's caller; ``ApiError`` 401 for an unknown key when keys are required."""
         found = caller_from(headers, self._header, self._keys)

@@ -43,6 +43,7 @@ def policy_changed(services: Services, policy: CompiledPolicy) -> None:
     services.identity.policy_changed(policy)
     services.flags.policy_changed(policy)
     services.stats.policy_changed(policy)
+    services.telemetry.policy_changed(frozenset(rule.name for rule in policy.rules))
     services.telemetry.reload("ok")
 
 

@@ -75,6 +75,7 @@ async def startup(services: Services, steps: Steps) -> None:
     await steps.open("upstream", services.upstream.close, services.upstream.start)
     await steps.open("shared-state", services.state.close, services.state.start)
     await steps.open("response-pins", services.pins.close)
+    await steps.open("prefix-map", services.prefixes.close)
     await steps.open("outcome-log", services.outcomes.flush)  # what mirrors and checks left
     await steps.open("checks", services.checks.close)  # records what waits, unchecked
     await steps.open("shadow", services.shadow.close)

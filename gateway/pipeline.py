@@ -1,12 +1,27 @@
-"""The path of one request, steps in order. Each step is one call; see README, "Life of a
-request". Nothing on this path happens in middleware or callbacks.
+"""The path of one request, steps in order; see README, "Life of a request". Nothing on
+this path happens in middleware. Steps 1-5 are calls made here, one after another. Steps 6-8
+of a stream run as the client reads it, inside the relay's generator. Step 7 (feedback) runs
+through callbacks of the ``Measurement`` each answer gets: its ``finish`` records the
+outcome through the checks into ``Feedback.record`` (an answer too large to check inline is
+checked in a task of its own, and recorded when that ends), and its ``on_reported`` and
+``on_response_id`` hooks tell the pool's metric reports and the Responses pins.
+``_measurement`` is the one place those callbacks are chosen.
 
 Every API takes the same path: chat and text completions, Anthropic's Messages and
-OpenAI's Responses are parsed, classified and decided alike and fail over alike. They part
-at steps 6 and 8: a completions stream is relayed by ``Relay`` (which may assemble it into
-a whole answer), a Messages or Responses stream event by event as it came
-(``gateway/forward/events.py``), and a non-streaming Messages or Responses request always
-goes upstream whole, its answer passing through.
+OpenAI's Responses are parsed, classified and decided alike and fail over alike. What
+differs is its ``Api``'s (``gateway/apis/``): the model that parses its body, the dialect
+that reads its answers and says how ``Relay`` passes its stream on (chunk by chunk, or
+event by event as it came), whether a whole answer may be assembled from a stream (else a
+non-streaming request always goes upstream whole, its answer passing through), and
+whether its answers are stored upstream.
+
+A non-streaming client gets one whole answer from ``Pools.complete``, the one way to it:
+passed through as the pool answered, or asked for as a stream and relayed into one body
+(``_assembler``: the pools call it for each try, so a break part way is retried there, as
+a body's is). ``_boundary`` is the one place where a failure becomes the client's answer,
+once nothing more will be tried: an upstream's 4xx passed on, anything else an
+``ApiError``. Past a stream's first byte the relay ends it with a final error event
+instead.
 """
 
 from __future__ import annotations
@@ -14,10 +29,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import os
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,32 +40,32 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from backends.errors import AnswerTimeout, BackendError, StreamBroken, UpstreamRejected
-from backends.pool import Attempt, Completed, Opened, PoolSpec
+from backends.errors import BackendError, UpstreamRejected
+from backends.placement import Affinity
+from backends.pool import Assemble, Attempt, Completed, Opened, PoolSpec
 from backends.retries import BreakBudget
 from gateway import schema
+from gateway.apis import Api
 from gateway.classify import classify
-from gateway.endpoints import APIS
 from gateway.errors import (
     JSON,
     ApiError,
     UpstreamErrorEvent,
-    broke,
     from_backend,
     rejected,
     response_not_found,
-    shape_of,
+    unknown_model,
 )
-from gateway.forward.events import RELAYED, EventRelay
+from gateway.forward.affinity import affinity_of, prices, unplaced
 from gateway.forward.headers import decision_headers
+from gateway.forward.moving import keep_or_move
 from gateway.forward.passthrough import one_answer, passes_through, stream_options
 from gateway.forward.relay import Relay
 from gateway.forward.respond import SSEResponse, cancelled_on_disconnect, cut_event
 from gateway.forward.shadow import short_probe
 from gateway.identity import remembered
 from gateway.measure.acceptance import Fold, Labels, Status
-from gateway.measure.answer import Dialect, EventDialect, Measurement
-from gateway.measure.completions import COMPLETIONS
+from gateway.measure.answer import Measurement
 from gateway.measure.tracing import Trace
 from gateway.measure.validity import Expectation, expect
 from gateway.services import Services
@@ -60,38 +75,30 @@ from policies.decision import Decision
 from policies.features import Features
 
 T = TypeVar("T", Opened, Completed)
+A = TypeVar("A")
 _ASSUMED_OUTPUT = 512  # tokens charged to the shadow budget when max_tokens is unset
 _SSE = "text/event-stream"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-# GenAI conventions' operation names
-_OPERATION = {
-    "chat": "chat",
-    "completion": "text_completion",
-    "messages": "chat",
-    "responses": "chat",
-}
-# the APIs relayed event by event (``gateway/forward/events.py``), and how they read
-_EVENTS: dict[str, EventDialect] = {
-    api.kind: RELAYED[api.path.value] for api in APIS if api.path.value in RELAYED
-}
 # request headers that go upstream with the request: Anthropic's API version and betas
 _FORWARDED = ("anthropic-version", "anthropic-beta")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ask:
-    """One request after steps 1-4: what was asked, of whom, and what the policy decided;
-    ``deadline`` (event-loop time) ends every try of it (``Pools.deadline``).
+    """One request after steps 1-4: what was asked (of ``api``), of whom, and what the policy
+    decided; ``deadline`` (event-loop time) ends every try of it (``Pools.deadline``).
 
     ``pinned`` is the one place where a request's state overrides the policy's choice of
     pool: the base URL of the endpoint that must serve it (the one that stored the response
     a Responses request continues, ``previous_response_id``, as ``gateway/state/pins.py``
     remembers it), tried there and nowhere else (``Pools._plan``); None for every other
     request. The decision's reason then says so (``pinned: response ... on ...``).
-    ``forwarded``: the client's headers that go upstream."""
+    ``forwarded``: the client's headers that go upstream. ``affinity``: what places the
+    request on the endpoint of a pool that holds its prompt's prefix (``_affinity``); None
+    for a pinned request, or with ``SPECLANE_PREFIX_AFFINITY`` off."""
 
-    kind: schema.Kind
+    api: Api
     parsed: schema.AnyRequest
     payload: dict[str, Any]
     features: Features
@@ -105,19 +112,23 @@ class Ask:
     deadline: float
     forwarded: Mapping[str, str]
     pinned: str | None = None
+    affinity: Affinity | None = None
 
 
-async def complete(
-    services: Services, request: Request, kind: schema.Kind
-) -> Response | SSEResponse:
-    """Serve one request of a model API (``kind``), under its trace: the trace of a
-    streamed answer ends with the stream."""
+async def complete(services: Services, request: Request, api: Api) -> Response | SSEResponse:
+    """Serve one request of a model API, under its trace: the trace of a streamed answer
+    ends with the stream."""
     started = services.clock()
     request_id = _request_id(request.headers.get("x-request-id"))
-    trace = services.telemetry.tracing.begin(request.headers, _OPERATION[kind])
+    trace = services.telemetry.tracing.begin(request.headers, api.operation)
     try:
-        with _boundary(request_id):
-            answer = await _serve(services, request, kind, started, request_id, trace)
+        asked = await _boundary(
+            services, request_id, None, _ask(services, request, api, started, request_id, trace)
+        )
+        if isinstance(asked, Ask):  # steps 1-4 done; 5-8 within the boundary, knowing them
+            answer = await _boundary(services, request_id, asked, _answer(services, request, asked))
+        else:
+            answer = asked
     except ApiError as exc:
         trace.end(exc.status, exc)
         raise
@@ -129,137 +140,217 @@ async def complete(
     return answer
 
 
-async def _serve(
+async def _ask(
     services: Services,
     request: Request,
-    kind: schema.Kind,
+    api: Api,
     started: float,
     request_id: str,
     trace: Trace,
-) -> Response | SSEResponse:
+) -> Ask | Response:
+    """Steps 1-4: what is asked, and of whom; or the answer when that is already known (a
+    stored response the gateway cannot place)."""
     body = await _read_body(request, services.settings.max_body_bytes)  # 1 request in
     with trace.step("parse"):
-        parsed, payload = schema.parse(body, kind)  # 2 parse + validate
+        parsed, payload = schema.parse(body, api.model)  # 2 parse + validate
     path: str = request.scope["path"]
+    policy = services.policy.current
     with trace.step("classify"):  # 3
         caller = remembered(request.scope) or services.identity.caller(request.headers)
-        features = classify(parsed, path, request.headers, request_id, services.defaults, caller)
-    policy = services.policy.current
+        defaults = services.defaults.under(policy.file.defaults)
+        features = classify(parsed, path, request.headers, request_id, defaults, caller)
+        if features.api != api.name:  # an API registered beside the built-in ones
+            features = dataclasses.replace(features, api=api.name)
     with trace.step("decide"):
-        decision = decide(features, policy, services.flags.values, services.stats.guards, started)
+        decision = decide(
+            features,
+            policy,
+            services.flags.values,
+            services.stats.guards,
+            started,
+            services.stats.splits,
+        )
     trace.decided(features, decision)
     if services.request_log is not None:  # for speclane replay --log, when asked
         services.request_log.add(services.wall(), path, payload, request.headers, features.tenant)
     if not decision.rungs:
-        raise ApiError(
-            status=404,
-            message=f"The model `{parsed.model}` does not exist.",
-            param="model",
-            code="model_not_found",
-        )
+        raise unknown_model(parsed.model, policy.ladders)
     pinned: str | None = None
-    if kind == "responses" and payload.get("previous_response_id") is not None:
-        found = await _pinned(services, payload)
+    if api.stores and payload.get("previous_response_id") is not None:
+        found = await _pinned(services, features.tenant, payload)
         if isinstance(found, Response):
             found.headers["x-request-id"] = request_id
             return found
         pinned, holder, why = found
         decision = dataclasses.replace(decision, pool=holder, rungs=(holder,), reason=why)
-    ask = Ask(
-        kind=kind,
+    affinity = None if pinned is not None else await _affinity(services, features, decision)
+    if affinity is not None:
+        decision = _moving(services, features, decision, affinity)
+    return Ask(
+        api=api,
         parsed=parsed,
         payload=payload,
         features=features,
         decision=decision,
         pinned=pinned,
+        affinity=affinity,
         path=path,
         request_id=request_id,
         started=started,
         decided=services.clock(),
         trace=trace,
-        expect=None if kind in _EVENTS else expect(payload),
+        expect=None if api.events else expect(payload),
         deadline=services.pools.deadline(decision.rungs),
         forwarded={k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None},
     )
-    if kind in _EVENTS:
-        if parsed.stream:
-            return await _events(services, request, ask, _EVENTS[kind])
-        return await _whole(services, request, ask)
-    pool = policy.pools[decision.pool]
-    if not parsed.stream and passes_through(decision.pool, pool, services.reports, payload):
-        return await _whole(services, request, ask)
-    return await _streamed(services, request, ask)
 
 
-async def _pinned(services: Services, payload: dict[str, Any]) -> tuple[str, str, str] | Response:
+async def _answer(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
+    """Steps 5-8, by how the client and the pool take the answer: a stream relayed as it
+    comes, or one whole answer, passed through or assembled from a stream."""
+    if ask.parsed.stream:
+        return await _streamed(services, request, ask)
+    pool = services.policy.current.pools[ask.decision.pool]
+    whole = ask.api.assemble is None or passes_through(
+        ask.decision.pool, pool, services.reports, ask.payload, services.engines
+    )
+    return await _whole(services, request, ask, assembled=not whole)
+
+
+async def _affinity(services: Services, features: Features, decision: Decision) -> Affinity | None:
+    """Which endpoints hold how much of the request's prompt, as the prefix map knows, and
+    the prices that weigh their load against re-prefilling it elsewhere."""
+    if not services.settings.prefix_affinity:
+        return None
+    epsilon = services.settings.prefix_load_epsilon
+    short = unplaced(features, epsilon)
+    if short is not None:  # under one block: placed by its opening alone, nothing looked up
+        return short
+    held, opened = await services.prefixes.held(features.prompt.chain, features.prompt.opening)
+    per_turn = services.feedback.conversations.tokens_per_turn(decision.slice)
+    costs = prices(services.stats.views, per_turn, decision.slice, services.wall())
+    return affinity_of(features, held, opened, epsilon, costs)
+
+
+def _moving(
+    services: Services, features: Features, decision: Decision, affinity: Affinity
+) -> Decision:
+    """The decision, kept where the request's conversation is cached when moving it to its
+    slice's rung costs more than it saves (``gateway/forward/moving.py``)."""
+    conversations = services.feedback.conversations
+    conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn)
+    views, now = services.stats.views, services.wall()
+    moved, how, held_on = keep_or_move(
+        decision, features, affinity, services.pools, views, conversations, now
+    )
+    if how is not None:
+        services.telemetry.moved(held_on, decision.pool, how)
+    return moved
+
+
+async def _pinned(
+    services: Services, tenant: str, payload: dict[str, Any]
+) -> tuple[str, str, str] | Response:
     """Where a Responses request that continues a stored response must go (the endpoint that
     stored it, whatever its slice's rung), its pool, and why; vLLM's own 404 when the
-    gateway does not know where that response is, or its endpoint has left the pools."""
+    gateway does not know that response as ``tenant``'s, or its endpoint has left the
+    pools."""
     previous = payload["previous_response_id"]
-    where = await pinned_endpoint(services.pins, payload)
+    where = await pinned_endpoint(services.pins, tenant, payload)
     endpoint = services.pools.endpoint(where) if where is not None else None
     if endpoint is None:
         return response_not_found(str(previous))
     return endpoint.url, endpoint.pool, f"pinned: response {previous} on {endpoint.url}"
 
 
-async def _events(
-    services: Services, request: Request, ask: Ask, dialect: EventDialect
-) -> Response | SSEResponse:
-    """Steps 5-8 for a stream relayed event by event (``gateway/forward/events.py``)."""
-    send = functools.partial(services.pools.open, events=True, pinned=ask.pinned)
+async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
+    """Steps 5-8 for a streaming client: relayed as it comes."""
+    send = functools.partial(
+        services.pools.open, opening=ask.api.opening, pinned=ask.pinned, affinity=ask.affinity
+    )
     async with cancelled_on_disconnect(request.receive) as disconnect:
-        opened = await _forward(services, ask, send, ask.payload, _SSE)  # 5 forward
+        opened = await _forward(services, ask, send, _streaming(ask), _SSE)  # 5 forward
     if disconnect.gone:
         raise _client_closed()
-    if isinstance(opened, Response):
-        return opened
     headers = _decision_headers(services, ask, opened.spec.name, opened.attempts)
-    pool = services.policy.current.pools[opened.spec.name]
-    labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
-    measurement = _measurement(services, ask, labels, opened.spec, _mirror(services, ask, labels))
-    shape = shape_of(ask.path)
-    relay = EventRelay(opened, measurement, dialect, clock=services.clock, shape=shape)
+    relay = _relay(services, ask, opened)
+    shape = ask.api.shape
     return SSEResponse(
         relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished, cut_event(shape)
     )
 
 
-async def _streamed(services: Services, request: Request, ask: Ask) -> Response | SSEResponse:
-    """Steps 5-8 through an upstream stream: relayed as it comes, or assembled."""
-    streamed = ask.payload | {"stream": True, "stream_options": stream_options(ask.payload)}
-    send = functools.partial(services.pools.open, pinned=ask.pinned)
-    async with cancelled_on_disconnect(request.receive) as disconnect:
-        opened = await _forward(services, ask, send, streamed, _SSE)  # 5 forward
-        if not ask.parsed.stream and not isinstance(opened, Response):
-            try:
-                answer, opened = await _collected(services, ask, opened, streamed)
-            except UpstreamRejected as exc:  # a client error the stream reported late
-                services.telemetry.rejected(exc.pool, exc.status)
-                opened = rejected(exc, _decision_headers(services, ask, exc.pool))
-    if disconnect.gone:
+async def _whole(services: Services, request: Request, ask: Ask, *, assembled: bool) -> Response:
+    """Steps 5-8 for a non-streaming client: one whole answer from ``Pools.complete``, which
+    tries it again while the request's break budget allows if it breaks part way (nothing
+    of it has reached the client). ``assembled``: asked for as a stream, relayed into one
+    body (``_assembler``: each try measured as it comes); else asked for whole and passed
+    through untouched, its usage and vLLM metrics the measurement, the same as a stream's,
+    read in its API's dialect."""
+    budget = _break_budget(services, ask)
+    payload, accept, assemble = ask.payload, JSON, None
+    if assembled:
+        payload, accept, assemble = _streaming(ask), _SSE, _assembler(services, ask)
+    complete = functools.partial(
+        services.pools.complete,
+        budget=budget,
+        assemble=assemble,
+        pinned=ask.pinned,
+        affinity=ask.affinity,
+    )
+    done: Completed | None = None
+    async with cancelled_on_disconnect(request.receive):
+        try:
+            done = await _forward(services, ask, complete, payload, accept)  # 5 forward
+        finally:
+            _count_breaks(services, ask, budget)
+    if done is None:
         raise _client_closed()
-    if isinstance(opened, Response):
-        return opened
-    headers = _decision_headers(services, ask, opened.spec.name, opened.attempts)
-    if not ask.parsed.stream:
-        return Response(orjson.dumps(answer), headers=headers, media_type=JSON)
-    relay = _relay(services, ask, opened)
-    return SSEResponse(relay.sse(), headers | _SSE_HEADERS, lambda: relay.finished)
+    if not assembled:
+        labels = _labels(ask, done, chunks=False)
+        capture = _mirror(services, ask, labels)
+        measurement = _measurement(services, ask, labels, done.spec, capture)
+        ask.api.dialect.whole(measurement, done.answer)
+        measurement.finish(Status.OK)
+    headers = _decision_headers(services, ask, done.spec.name, done.attempts)
+    return Response(done.body, headers=headers, media_type=JSON)
+
+
+def _assembler(services: Services, ask: Ask) -> Assemble:
+    """How ``Pools.complete`` folds each stream it opens into one answer: relayed and
+    measured (steps 6 and 7) like a streamed answer; only the first try starts a shadow
+    mirror."""
+    tries = itertools.count()
+
+    async def assemble(opened: Opened) -> dict[str, Any]:
+        relay = _relay(services, ask, opened, retry=next(tries) > 0)
+        return await relay.collect(chat=ask.api.assemble == "chat")
+
+    return assemble
+
+
+def _streaming(ask: Ask) -> dict[str, Any]:
+    """The body that asks upstream for a stream: a chunk stream's usage is asked for
+    always (the relay drops it when the client did not ask)."""
+    if ask.api.events:
+        return ask.payload
+    return ask.payload | {"stream": True, "stream_options": stream_options(ask.payload)}
 
 
 def _relay(services: Services, ask: Ask, opened: Opened, *, retry: bool = False) -> Relay:
-    """Steps 6 (measure), 7 (feedback) and 8 (respond) over one stream; a retry starts no
-    second shadow mirror."""
+    """Steps 6 (measure), 7 (feedback) and 8 (respond) over one stream, in its API's
+    dialect; a retry starts no second shadow mirror."""
     pool = services.policy.current.pools[opened.spec.name]
     labels = _labels(ask, opened, one_answer(ask.payload) and pool.chunk_acceptance)
     capture = None if retry else _mirror(services, ask, labels)
     return Relay(
         opened,
         _measurement(services, ask, labels, opened.spec, capture),
-        include_usage=ask.parsed.include_usage,
+        ask.api.dialect,
         clock=services.clock,
-        include_sglext=ask.payload.get("return_spec_tokens_details") is True,
+        shape=ask.api.shape,
+        include_usage=ask.parsed.include_usage,
+        own_asked=services.engines.of(opened.spec.engine).asked_by(ask.payload),
     )
 
 
@@ -270,14 +361,21 @@ def _measurement(
     spec: PoolSpec,
     capture: asyncio.Future[str] | None,
 ) -> Measurement:
-    """Steps 6 and 7 for one answer of ``spec``'s pool, streamed or whole: checked, recorded,
-    told to the trace (which a streamed answer's measurement ends), and to the canary. Only
-    completions answers say whether the pool reports per-request metrics, and only
-    Responses answers are stored upstream."""
-    reports = spec.speculative and one_answer(ask.payload) and ask.kind not in _EVENTS
+    """Steps 6 and 7 for one answer of ``spec``'s pool, streamed or whole, from now (its
+    first event, or the whole answer): in flight until it finishes, its prompt prefilled
+    by now (a whole answer's, later); checked, recorded, told to the trace (which a
+    streamed answer's measurement ends), and to the canary. Only completions answers say
+    whether the pool reports its speculation per request, and only Responses answers are
+    stored upstream."""
+    services.telemetry.opened(spec.name, shadow=False)
+    services.feedback.prefilled(
+        labels.endpoint, ask.features.prompt_tokens, services.clock(), ask.request_id
+    )
+    reports = spec.speculative and one_answer(ask.payload) and not ask.api.events
     stored = None
-    if ask.kind == "responses":  # the endpoint that stored the answer, for what continues it
-        stored = functools.partial(_stored, services.pins.keep, labels.endpoint)
+    if ask.api.stores:  # the endpoint that stored the answer, for what continues it
+        tenant = ask.features.tenant  # only this tenant may name it later
+        stored = functools.partial(services.pins.keep, tenant, endpoint=labels.endpoint)
     return Measurement(
         Fold(labels, ask.started, ask.decided),
         services.clock,
@@ -286,52 +384,10 @@ def _measurement(
         trace=ask.trace,
         ends_trace=ask.parsed.stream,
         capture=capture,
-        on_metrics=functools.partial(services.reports.saw, spec.name) if reports else None,
+        on_reported=functools.partial(services.reports.saw, spec.name) if reports else None,
         on_response_id=stored,
+        engine=services.engines.of(spec.engine),
     )
-
-
-def _stored(hook: Callable[[str, str], None], endpoint: str, response_id: str) -> None:
-    hook(response_id, endpoint)
-
-
-async def _collected(
-    services: Services, ask: Ask, opened: Opened, streamed: dict[str, Any]
-) -> tuple[dict[str, Any], Opened]:
-    """One JSON body from the stream. Nothing has reached the client yet, so a stream that
-    breaks is tried again, on endpoints and rungs whose answers have not broken first,
-    while the request's break budget allows."""
-    budget = _break_budget(services, ask)
-    try:
-        return await _collected_within(services, ask, opened, streamed, budget)
-    finally:
-        _count_breaks(services, ask, budget)
-
-
-async def _collected_within(
-    services: Services, ask: Ask, opened: Opened, streamed: dict[str, Any], budget: BreakBudget
-) -> tuple[dict[str, Any], Opened]:
-    chat = ask.kind == "chat"
-    broken: list[Attempt] = []
-    retry = False
-    while True:
-        try:
-            answer = await _relay(services, ask, opened, retry=retry).collect(chat=chat)
-        except StreamBroken as exc:
-            if isinstance(exc, AnswerTimeout):
-                raise  # the request's time is up: no retry could finish
-            broken.append(Attempt(opened.spec.name, opened.endpoint.url, str(exc)))
-            if not budget.spend(opened.endpoint.url, services.clock()):
-                raise broke(len(broken)) from None
-        else:
-            opened.attempts = (*broken, *opened.attempts)
-            return answer, opened
-        avoid = budget.avoid(services.pools.urls(ask.decision.rungs))
-        again = functools.partial(services.pools.open, avoid=avoid, pinned=ask.pinned)
-        retried = await _forward(services, ask, again, streamed, _SSE)
-        if isinstance(retried, Response):
-            raise broke(len(broken))
-        opened, retry = retried, True
 
 
 def _break_budget(services: Services, ask: Ask) -> BreakBudget:
@@ -342,34 +398,8 @@ def _break_budget(services: Services, ask: Ask) -> BreakBudget:
 def _count_breaks(services: Services, ask: Ask, budget: BreakBudget) -> None:
     for _ in range(budget.spent):
         services.telemetry.failover(ask.decision.pool, "retried_after_break")
-    if len(budget.broke) > budget.spent:
+    if budget.ran_out:
         services.telemetry.failover(ask.decision.pool, "exhausted_after_break")
-
-
-async def _whole(services: Services, request: Request, ask: Ask) -> Response:
-    """Steps 5-8 for a pool that takes non-streaming requests non-streaming: the answer
-    passes through untouched; its usage and vLLM metrics are the measurement, the same as a
-    stream's. The answers of Messages and Responses requests are read in their own
-    dialect."""
-    done: Completed | Response | None = None
-    async with cancelled_on_disconnect(request.receive):
-        budget = _break_budget(services, ask)
-        complete = functools.partial(services.pools.complete, budget=budget, pinned=ask.pinned)
-        try:
-            done = await _forward(services, ask, complete, ask.payload, JSON)
-        finally:
-            _count_breaks(services, ask, budget)
-    if done is None:
-        raise _client_closed()
-    if isinstance(done, Response):
-        return done
-    labels = _labels(ask, done, chunks=False)
-    dialect: Dialect = _EVENTS.get(ask.kind, COMPLETIONS)
-    measurement = _measurement(services, ask, labels, done.spec, _mirror(services, ask, labels))
-    dialect.whole(measurement, done.answer)
-    measurement.finish(Status.OK)
-    headers = _decision_headers(services, ask, done.spec.name, done.attempts)
-    return Response(done.body, headers=headers, media_type=JSON)
 
 
 def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
@@ -388,19 +418,36 @@ def _labels(ask: Ask, served: Opened | Completed, chunks: bool) -> Labels:
         arm=ask.decision.arm,
         request_id=ask.request_id,
         route=ask.path,
+        parent=ask.decision.parent,
+        candidates=ask.decision.candidates,
     )
 
 
-@contextmanager
-def _boundary(request_id: str) -> Iterator[None]:
-    """The one boundary of the request path: a typed failure that nothing more will be tried
-    for becomes the client's ``ApiError`` here, and the gateway's own error answers carry the
-    request id too, like every other answer."""
+async def _boundary(
+    services: Services, request_id: str, ask: Ask | None, steps: Awaitable[A]
+) -> A | Response:
+    """The one boundary of the request path, around ``steps`` (of ``ask``, once there is
+    one): a typed failure that nothing more will be tried for becomes the client's answer
+    here, and only here. An upstream's 4xx (at once, or reported late by the stream an
+    answer was assembled from) is passed on (``rejected``), in the shape of the API asked;
+    any other failure becomes an ``ApiError`` (``from_backend``), one that ended a decided
+    request (``Pools`` gave up on it) counted as ``exhausted``. The gateway's own error
+    answers carry the request id too, like every other answer, and the decision's headers
+    once there is one."""
     try:
-        yield
+        return await steps
+    except UpstreamRejected as exc:
+        assert ask is not None, "only a forwarded request has an upstream's answer"
+        pool = exc.pool or ask.decision.pool
+        services.telemetry.rejected(pool, exc.status)
+        return rejected(exc, _decision_headers(services, ask, pool), ask.api.shape)
     except (BackendError, UpstreamErrorEvent) as exc:
         error = from_backend(exc)
         error.headers = {"x-request-id": request_id}
+        if ask is not None:
+            if isinstance(exc, BackendError):
+                services.telemetry.failover(ask.decision.pool, "exhausted", "none")
+            error.headers = _decision_headers(services, ask, ask.decision.pool)
         raise error from None
     except ApiError as exc:
         exc.headers = {"x-request-id": request_id, **(exc.headers or {})}
@@ -448,10 +495,10 @@ Send = Callable[[Sequence[str], str, Body, Mapping[str, str], float], Awaitable[
 
 async def _forward(
     services: Services, ask: Ask, send: Send[T], payload: dict[str, Any], accept: str
-) -> T | Response:
+) -> T:
     """Step 5 through ``Pools.open`` or ``Pools.complete``, by the request's deadline:
-    failover happens inside; a 4xx comes back as the client's answer, exhausted rungs as a
-    502, 503 or 504 (a 429 when every upstream asked to wait)."""
+    failover, and a whole answer's retries after breaks, happen inside; what they end with
+    when nothing served is for ``_boundary`` to answer."""
     body = orjson.dumps(payload)
     forward = {
         "content-type": JSON,
@@ -461,21 +508,13 @@ async def _forward(
     }
     with ask.trace.step("forward"):
         ask.trace.inject(forward)
-        try:
-            rungs, engine_body = ask.decision.rungs, _per_engine(body, payload)
-            result = await send(rungs, ask.path, engine_body, forward, ask.deadline)
-        except UpstreamRejected as exc:
-            services.telemetry.rejected(exc.pool or ask.decision.pool, exc.status)
-            headers = _decision_headers(services, ask, exc.pool or ask.decision.pool)
-            return rejected(exc, headers, shape_of(ask.path))
-        except BackendError as exc:
-            services.telemetry.failover(ask.decision.pool, "exhausted", "none")
-            error = from_backend(exc)
-            error.headers = _decision_headers(services, ask, ask.decision.pool)
-            raise error from None
-    services.telemetry.opened(result.spec.name, shadow=False)
-    # a stream's first event comes once its prompt is prefilled; a whole answer's, later
-    services.feedback.prefilled(result.endpoint.url, ask.features.prompt_tokens, services.clock())
+        rungs, engine_body = ask.decision.rungs, _per_engine(services, body, payload)
+        result = await send(rungs, ask.path, engine_body, forward, ask.deadline)
+    if result.placed is not None:
+        services.telemetry.placed(result.spec.name, result.placed)
+    prompt = ask.features.prompt
+    if ask.affinity is not None and prompt.chain:  # where it went, for the turns that follow
+        services.prefixes.keep(prompt.chain, prompt.opening, result.endpoint.url)
     for attempt in result.attempts:
         services.telemetry.upstream_failure(attempt.pool)
     if result.attempts or result.spec.name != ask.decision.pool:
@@ -483,17 +522,21 @@ async def _forward(
     return result
 
 
-def _per_engine(body: bytes, payload: dict[str, Any]) -> Callable[[PoolSpec], bytes]:
-    """The upstream body for a pool: SGLang streams its per-request speculative counts only
-    when asked (``return_spec_tokens_details``), a field other engines may refuse."""
-    asked: list[bytes] = []
+def _per_engine(
+    services: Services, body: bytes, payload: dict[str, Any]
+) -> Callable[[PoolSpec], bytes]:
+    """The upstream body for a pool: a stream to a speculative pool carries the fields its
+    engine needs to say its per-request figures (``Engine.asks``), fields other engines
+    may refuse."""
+    asked: dict[str, bytes] = {}
 
     def for_pool(spec: PoolSpec) -> bytes:
-        if spec.engine != "sglang" or not spec.speculative or not payload.get("stream"):
+        engine = services.engines.of(spec.engine)
+        if not engine.asks or not spec.speculative or not payload.get("stream"):
             return body
-        if not asked:
-            asked.append(orjson.dumps(payload | {"return_spec_tokens_details": True}))
-        return asked[0]
+        if engine.name not in asked:
+            asked[engine.name] = orjson.dumps(payload | dict(engine.asks))
+        return asked[engine.name]
 
     return for_pool
 
@@ -513,15 +556,17 @@ def _mirror(services: Services, ask: Ask, labels: Labels) -> asyncio.Future[str]
         return None
     features, short = ask.features, ask.decision.shadow_tokens
     greedy = features.temperature == 0 and features.n == 1 and short is None
-    greedy = greedy and ask.kind not in _EVENTS
+    greedy = greedy and not ask.api.events
     capture = asyncio.get_running_loop().create_future() if greedy else None
     cost = features.prompt_tokens + (short or features.max_tokens or _ASSUMED_OUTPUT)
-    payload = ask.payload if short is None else short_probe(ask.payload, ask.path, short)
+    payload = ask.payload if short is None else short_probe(ask.payload, ask.api.limit, short)
     prompt = features.prompt_tokens
     # a mirror is streamed: its chunks count where its pool's do, whatever the answer was
     pool = services.policy.current.pools.get(target)
     chunks = pool is not None and pool.chunk_acceptance and one_answer(ask.payload)
     mirrored = dataclasses.replace(labels, chunk_signal=chunks)
-    if services.shadow.mirror(target, ask.path, payload, mirrored, cost, capture, prompt):
+    if services.shadow.mirror(
+        target, ask.api, payload, mirrored, cost, capture, prompt, ask.affinity
+    ):
         return capture
     return None

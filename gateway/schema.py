@@ -14,7 +14,7 @@ upstream, and every JSON writer has a depth limit of its own (orjson's is 255).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -177,18 +177,12 @@ class ResponsesRequest(_Open):
         return True
 
 
-Kind = Literal["chat", "completion", "messages", "responses"]
 AnyRequest = ChatRequest | CompletionRequest | MessagesRequest | ResponsesRequest
-_MODELS: dict[str, type[AnyRequest]] = {
-    "chat": ChatRequest,
-    "completion": CompletionRequest,
-    "messages": MessagesRequest,
-    "responses": ResponsesRequest,
-}
 
 
-def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
-    """The validated request and the raw payload (to forward, with every unknown field)."""
+def parse(body: bytes, model: type[AnyRequest]) -> tuple[AnyRequest, dict[str, Any]]:
+    """The validated request, by its API's ``model``, and the raw payload (to forward, with
+    every unknown field)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -197,7 +191,6 @@ def parse(body: bytes, kind: Kind) -> tuple[AnyRequest, dict[str, Any]]:
         raise bad_request("the body must be a JSON object")
     if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _deeper_than(payload, MAX_DEPTH):
         raise bad_request(f"the body is nested deeper than {MAX_DEPTH} levels")
-    model = _MODELS[kind]
     try:
         parsed = model.model_validate(payload)
     except ValidationError as exc:

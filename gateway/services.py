@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from backends.pool import Pools
 from backends.upstream import Upstream
 from gateway.classify import Defaults
+from gateway.engines import ENGINES, Registry
 from gateway.forward.passthrough import PerRequestReports
 from gateway.forward.shadow import ShadowRunner
 from gateway.gate import Gate
@@ -27,6 +28,7 @@ from gateway.state.flagstore import FlagStore
 from gateway.state.memory import SharedState
 from gateway.state.pins import MemoryPins, ResponsePins
 from gateway.state.policyfile import PolicyHolder
+from gateway.state.prefixes import MemoryPrefixes, PrefixMap
 
 
 @dataclass(slots=True)
@@ -35,9 +37,11 @@ class Services:
     feedback goes.
 
     ``pins`` learns, once per answer of the Responses API (``POST /v1/responses``), the id
-    the upstream stored it under and the base URL of the endpoint that stored it
-    (``ResponsePins.keep``, from the answer's measurement); a request that continues a
-    stored response goes where ``pins`` says (``Ask.pinned``, ``gateway/pipeline.py``)."""
+    the upstream stored it under, the base URL of the endpoint that stored it and the tenant
+    that asked (``ResponsePins.keep``, from the answer's measurement); a request of that
+    tenant that continues a stored response goes where ``pins`` says (``Ask.pinned``,
+    ``gateway/pipeline.py``). ``engines``: the engines a pool's ``engine`` may name
+    (``gateway/engines/``)."""
 
     settings: Settings
     clock: Callable[[], float]
@@ -61,6 +65,8 @@ class Services:
     load_scraper: LoadScraper | None = None
     request_log: RequestLog | None = None
     pins: ResponsePins = field(default_factory=MemoryPins)
+    prefixes: PrefixMap = field(default_factory=MemoryPrefixes)
+    engines: Registry = ENGINES
 
     @property
     def outcomes(self) -> OutcomeLog:

@@ -17,13 +17,15 @@ from policies.model import (
     KILL_SWITCH,
     SHADOW,
     STANDARD,
+    GuardrailMode,
     Match,
     PolicyFile,
     PoolKind,
     Range,
     Rule,
 )
-from policies.problems import Path, Problem, Severity, closest
+from policies.problems import Path, Problem, Severity, closest, did_you_mean
+from policies.splitting import KEYS, valid_key
 
 
 def ladders_of(policy: PolicyFile) -> dict[str, list[str]]:
@@ -45,8 +47,10 @@ def check(policy: PolicyFile) -> list[Problem]:
         *_model_problems(policy),
         *_shadowed(policy.rules),
         *_band_problems(policy),
+        *_split_problems(policy),
         *_guardrail_problems(policy),
         *_tenant_problems(policy),
+        *_keyless_rollouts(policy),
         *engine_problems(policy),
     ]
 
@@ -229,17 +233,41 @@ def _unused_flags(policy: PolicyFile) -> Iterator[Problem]:
         yield Problem(("flags", name), message, hint, Severity.WARNING, code="unused-flag")
 
 
+# what a request's value can be: the APIs take temperature 0 to 2, top_p 0 to 1
+_BOUNDS: dict[str, tuple[float, float | None]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "context_tokens": (0.0, None),
+    "max_tokens": (0.0, None),
+}
+
+
 def _match_problems(match: Match, at: Path) -> Iterator[Problem]:
     for name in RANGES:
         value: Range | None = getattr(match, name)
         if value and value.min is not None and value.max is not None and value.min > value.max:
             message = f"empty range: min {value.min:g} > max {value.max:g}"
             yield Problem((*at, name), message, "swap min and max", code="empty-range")
+        if value:
+            yield from _out_of_bounds(name, value, at)
     for name in LISTS:
         if getattr(match, name) == []:
             message = "an empty list matches nothing"
             yield Problem((*at, name), message, "remove the key", code="empty-list")
     yield from _endpoint_problems(match, at)
+
+
+def _out_of_bounds(name: str, value: Range, at: Path) -> Iterator[Problem]:
+    """An end no request can reach: ``temperature: {min: 9}`` matches nothing, and a
+    ``max`` beyond the top means the top (said, so a typo does not pass unseen)."""
+    low, high = _BOUNDS[name]
+    span = f"{low:g} to {high:g}" if high is not None else f"{low:g} or more"
+    for end in ("min", "max"):
+        edge: float | None = getattr(value, end)
+        if edge is None or (low <= edge and (high is None or edge <= high)):
+            continue
+        message = f"{name} {end} {edge:g} is out of range: a request's {name} is {span}"
+        yield Problem((*at, name, end), message, f"give a value {span}", code="out-of-range")
 
 
 _API_PATHS = {path.value for path in API_NAMES.values()}
@@ -318,6 +346,52 @@ def _band_problems(policy: PolicyFile) -> Iterator[Problem]:
         if edges != sorted(set(edges)):
             message = "band edges must be strictly ascending"
             yield Problem(("slices", name), message, f"e.g. {sorted(set(edges))}", code="bands")
+        low, high = _BOUNDS[name]
+        for i, edge in enumerate(edges):
+            if edge < low or (high is not None and edge > high):
+                span = f"{low:g} to {high:g}" if high is not None else f"{low:g} or more"
+                message = f"band edge {edge:g} is out of range: a {name} edge is {span}"
+                yield Problem(("slices", name, i), message, f"give edges {span}", code="bands")
+
+
+def _split_problems(policy: PolicyFile) -> Iterator[Problem]:
+    """Split keys that name nothing, pins of unknown rules, and splits that can change
+    nothing (a rule without a guardrail to move its children, or judged by acceptance)."""
+    bands = policy.slices
+    known = [*KEYS, "header:<name>"]
+    for i, key in enumerate(bands.split_by):
+        if not valid_key(key):
+            hint = did_you_mean(key, known, "split keys")
+            yield Problem(
+                ("slices", "split_by", i), f"unknown split key {key!r}", hint, code="split"
+            )
+    rules = {rule.name: rule for rule in policy.rules}
+    for name, key in bands.pin.items():
+        at = ("slices", "pin", name)
+        if not valid_key(key):
+            hint = did_you_mean(key, known, "split keys")
+            yield Problem(at, f"unknown split key {key!r}", hint, code="split")
+        rule = rules.get(name)
+        if rule is None:
+            yield Problem(
+                at, f"no rule is named {name!r}", did_you_mean(name, rules, "rules"), code="split"
+            )
+        elif rule.start in ("shadow", "standard"):
+            message = f"rule {name!r} starts on {rule.start}: its children have no rung to move"
+            yield Problem(at, message, severity=Severity.WARNING, code="split")
+    named = bands.model_fields_set & {"split", "split_by", "pin"}
+    if named and bands.split and policy.guardrail.mode is GuardrailMode.THRESHOLD:
+        message = (
+            "slices split only where the guardrail judges cost per token (mode economic); "
+            "threshold-mode slices never split"
+        )
+        yield Problem(
+            ("slices", "split"),
+            message,
+            "set split: false, or mode: economic",
+            severity=Severity.WARNING,
+            code="split",
+        )
 
 
 def _guardrail_problems(policy: PolicyFile) -> Iterator[Problem]:
@@ -350,6 +424,33 @@ def _tenant_problems(policy: PolicyFile) -> Iterator[Problem]:
                 message = f"this key is already {owner[key]!r}'s: a key names one tenant"
                 yield Problem(("tenants", name, "api_keys", i), message, code="tenant")
             owner.setdefault(key, name)
+
+
+def _keyless_rollouts(policy: PolicyFile) -> Iterator[Problem]:
+    """A rollout draws tenants, and a request without a known key is in no partial one:
+    in a policy that gives no tenant a key, a rollout under 100 is off for every request
+    unless an authenticating proxy names tenants (SPECLANE_TRUSTED_TENANT_HEADER)."""
+    if any(tenant.api_keys for tenant in policy.tenants.values()):
+        return
+    partial: list[tuple[Path, float]] = [
+        (("rules", i, "rollout"), rule.rollout)
+        for i, rule in enumerate(policy.rules)
+        if rule.rollout is not None and 0 < rule.rollout < 100
+    ]
+    partial += [
+        (("flags", name, "rollout"), flag.rollout)
+        for name, flag in policy.flags.items()
+        if flag.rollout is not None and 0 < flag.rollout < 100
+    ]
+    for at, rollout in partial:
+        message = (
+            f"a {rollout:g}% rollout draws from tenants, and no tenant here has api_keys: "
+            "every request is anonymous and outside it"
+        )
+        hint = (
+            "give tenants api_keys, or set SPECLANE_TRUSTED_TENANT_HEADER where a proxy names them"
+        )
+        yield Problem(at, message, hint, Severity.WARNING, code="keyless-rollout")
 
 
 def _choices(names: Iterable[str]) -> str:

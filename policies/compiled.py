@@ -16,6 +16,7 @@ from policies.match import Matcher
 from policies.model import SHADOW, STANDARD, Guardrail, PolicyFile, Pool, PoolKind, Rule
 from policies.problems import PolicyError, Problem
 from policies.slices import Slicer
+from policies.splitting import SplitConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,8 @@ class CompiledPolicy:
     matcher: Matcher
     by_name: Mapping[str, CompiledRule]
     warnings: tuple[Problem, ...] = ()
+    reads_top_p: bool = False  # a rule matches on top_p
+    splitting: SplitConfig = SplitConfig()
 
     def first_match(self, features: Features) -> CompiledRule:
         return self.rules[self.matcher.first(features)]
@@ -150,6 +153,13 @@ def compile_policy(policy: PolicyFile, warnings: tuple[Problem, ...] = ()) -> Co
         matcher=Matcher([r.match for r in policy.rules]),
         by_name={r.name: r for r in rules},
         warnings=warnings,
+        reads_top_p=any(r.match.top_p is not None for r in policy.rules),
+        splitting=SplitConfig(
+            tuple(policy.slices.split_by) if policy.slices.split else (),
+            policy.slices.max_children,
+            policy.slices.merge_after_s,
+            dict(policy.slices.pin),
+        ),
     )
 
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from types import MappingProxyType
 
 from policies.compiled import CompiledPolicy, CompiledRule, Ladder
 from policies.decision import Decision
 from policies.features import Features
-from policies.flags import ALWAYS_ON, FlagValue, bucket, in_rollout
+from policies.flags import ALWAYS_ON, FlagValue, bucket, in_rollout, rollout_words
 from policies.guardrail import ON_START, Phase, SliceState
 from policies.model import KILL_SWITCH, SHADOW, ProbeMode
+from policies.splitting import Split, candidates, route
+
+NO_SPLITS: Mapping[str, Split] = MappingProxyType({})
 
 
 def decide(
@@ -28,15 +32,64 @@ def decide(
     flags: Mapping[str, FlagValue],
     guards: Mapping[str, SliceState],
     now: float,
+    splits: Mapping[str, Split] = NO_SPLITS,
 ) -> Decision:
     """Which pool serves ``features``, on which rung, under which rule, and why.
 
     ``now`` is accepted for time-dependent policy features and keeps callers honest about
-    time being an input; today's rules depend only on the snapshot.
+    time being an input; today's rules depend only on the snapshot. ``splits``: the slices
+    split by application (``policies/splitting.py``); a request of a split slice is decided
+    as its child, and the decision names the child, its parent and the request's candidate
+    values (what live statistics judge the split by).
     """
     del now
+    decision = _decided(features, policy, flags, guards, splits)
+    assumed = assumed_words(features, policy)
+    return replace(decision, reason=f"{decision.reason}; {assumed}") if assumed else decision
+
+
+def assumed_words(features: Features, policy: CompiledPolicy) -> str:
+    """What the decision assumed for fields the request left out, or "" (the reason
+    header and ``policy explain`` say it: a request without ``temperature`` is read as the
+    served model's default, which a rule or a slice band may turn on)."""
+    said = []
+    if "temperature" in features.defaulted:
+        said.append(f"temperature {features.temperature:g}")
+    if "top_p" in features.defaulted and policy.reads_top_p:
+        said.append(f"top_p {features.top_p:g}")
+    if not said:
+        return ""
+    return f"{' and '.join(said)} assumed (not in the request: the served model's default)"
+
+
+def _decided(
+    features: Features,
+    policy: CompiledPolicy,
+    flags: Mapping[str, FlagValue],
+    guards: Mapping[str, SliceState],
+    splits: Mapping[str, Split],
+) -> Decision:
     rule = policy.first_match(features)
     slice_key = policy.slicer.key(rule.name, features)
+    if not policy.splitting.on:
+        return _decide(features, policy, flags, guards, rule, slice_key)
+    found = candidates(features, policy.splitting.watched())
+    child = route(slice_key, found, splits)
+    decision = _decide(features, policy, flags, guards, rule, child)
+    reason = decision.reason
+    if child != slice_key:
+        reason += f" (as {child[len(slice_key) + 3 :]} of its slice, split by application)"
+    return replace(decision, parent=slice_key, candidates=found, reason=reason)
+
+
+def _decide(
+    features: Features,
+    policy: CompiledPolicy,
+    flags: Mapping[str, FlagValue],
+    guards: Mapping[str, SliceState],
+    rule: CompiledRule,
+    slice_key: str,
+) -> Decision:
     ladder = policy.ladders.get(features.model)
     if ladder is None:
         reason = f"no ladder serves model {features.model}"
@@ -88,21 +141,39 @@ def _guarded(
         if state.explore_live:
             reason += f", served by {down} to learn its step time"
             return _serve(ladder, rule, slice_key, rung + 1, start, reason, epoch=state.version)
+        # a mirror that learns a step time needs only steps to time: a short one
         reason += f", mirrored to {down} to learn its step time"
-        return _serve(ladder, rule, slice_key, rung, start, reason, down, epoch=state.version)
+        tokens = rule.guardrail.probe_tokens
+        return _serve(
+            ladder,
+            rule,
+            slice_key,
+            rung,
+            start,
+            reason,
+            down,
+            epoch=state.version,
+            shadow_tokens=tokens,
+        )
     return _serve(ladder, rule, slice_key, rung, start, reason, epoch=state.version)
 
 
 def _gate(features: Features, rule: CompiledRule, flags: Mapping[str, FlagValue]) -> str | None:
     """Why speculation is off for this request, or None when it may be used."""
-    if not flags.get(KILL_SWITCH, ALWAYS_ON).admits(KILL_SWITCH, features):
+    refused = flags.get(KILL_SWITCH, ALWAYS_ON).refusal(KILL_SWITCH, features)
+    if refused == "off":
         return "kill switch: speculation is off"
+    if refused is not None:
+        return f"flag {KILL_SWITCH}: {refused}"
     flag = rule.rule.flag
-    if flag is not None and not flags.get(flag, ALWAYS_ON).admits(flag, features):
+    refused = None if flag is None else flags.get(flag, ALWAYS_ON).refusal(flag, features)
+    if refused == "off":
         return f"rule {rule.name}: flag {flag} is off for this request"
+    if refused is not None:
+        return f"rule {rule.name}: flag {flag} {refused}"
     rollout = rule.rule.rollout
     if not in_rollout(rule.name, features, rollout):
-        return f"rule {rule.name}: outside its {rollout:g}% rollout"
+        return f"rule {rule.name}: outside its {rollout_words(rollout)}"
     return None
 
 

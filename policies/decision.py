@@ -17,6 +17,8 @@ class Decision:
     An empty ``rungs`` means no ladder serves the model. ``epoch`` is the version of the
     slice's guardrail state the decision read: outcomes are judged only in their own epoch.
     ``arm`` names the experiment arm a request of an experiment's rule was assigned to.
+    ``parent``: the slice ``slice`` was split from (``slice`` itself when not split; empty
+    when splitting is off); ``candidates``: the request's value per split key (hashes).
     """
 
     rule: str
@@ -31,3 +33,5 @@ class Decision:
     probe: bool = False
     epoch: int = 0
     arm: str = ""
+    parent: str = ""
+    candidates: tuple[tuple[str, str], ...] = ()

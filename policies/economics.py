@@ -307,3 +307,29 @@ def hinges(judged: Judgement | None, lower: StepTime | None, rate: float, cost: 
     normal = NormalDist()
     gain = sd * normal.pdf(mu / sd) + mu * normal.cdf(mu / sd)
     return gain * rate >= cost
+
+
+def exploring(
+    judged: Judgement | None, lower: StepTime | None, rate: float, *, live: bool, cost: float
+) -> tuple[bool, float]:
+    """How a slice explores the rung below (``judged``: the serving rung against it, ``lower``
+    its step time, ``rate`` the slice's requests a second): whether it asks for the pool's
+    budget of observations, and the share of its own requests it serves there (``leaning``).
+    ``live``: explored requests may be served there, where the point estimate finds that
+    pool at least as cheap, and so cost nothing in expectation: the lean is then worth it
+    whatever the slice's rate, and its own requests are the observations. Otherwise each is a
+    mirror of ``cost`` (request-equivalents a second, the budget's), asked for only when
+    knowing is worth that (``hinges``)."""
+    lean = leaning(judged) if live and hinges(judged, lower, rate, 0.0) else 0.0
+    if lean:
+        return False, lean
+    return hinges(judged, lower, rate, cost), 0.0
+
+
+def log_tokens_per_step(tally: Tally) -> tuple[float, float] | None:
+    """log L of a tally and the variance of that estimate (its dispersion pooled with the
+    prior, over its requests), as ``judge`` weighs it; None without tokens or steps."""
+    per_step = tally.per_step
+    if per_step is None or tally.n < 1:
+        return None
+    return math.log(per_step), _pooled(tally) / tally.n

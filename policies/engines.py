@@ -133,14 +133,20 @@ PROFILES: dict[Engine, EngineProfile] = {
 
 
 def profile(engine: Engine) -> EngineProfile:
-    return PROFILES[engine]
+    """What ``engine`` shows; for an engine none of these (one a gateway registers of its
+    own), only what every engine shows: nothing per request, drafts not ruled out."""
+    known = PROFILES.get(engine)
+    if known is not None:
+        return known
+    return EngineProfile(engine, None, False, True, "as its gateway module reads them", ALL_METHODS)
 
 
-def signals(pool: Pool) -> tuple[str, ...]:
-    """The acceptance signals a pool can give, best first (the names outcomes carry)."""
+def signals(pool: Pool, shows: EngineProfile | None = None) -> tuple[str, ...]:
+    """The acceptance signals a pool can give, best first (the names outcomes carry);
+    ``shows``: what its engine shows, where the engine is none of ``PROFILES``."""
     if pool.kind is PoolKind.STANDARD:
         return ("none",)
-    found = profile(pool.engine)
+    found = shows or profile(pool.engine)
     plan: list[str] = []
     if found.request_field is not None:
         plan.append("per_request")
@@ -150,10 +156,11 @@ def signals(pool: Pool) -> tuple[str, ...]:
     return tuple(plan)
 
 
-def describe(pool: Pool) -> dict[str, object]:
-    """A pool's engine and what speclane reads from it, for ``/readyz`` and the admin API."""
-    found = profile(pool.engine)
-    plan = signals(pool)
+def describe(pool: Pool, shows: EngineProfile | None = None) -> dict[str, object]:
+    """A pool's engine and what speclane reads from it, for ``/readyz`` and the admin API
+    (``shows`` as for ``signals``)."""
+    found = shows or profile(pool.engine)
+    plan = signals(pool, found)
     return {
         "engine": pool.engine.value,
         "method": pool.method.value if pool.method else None,
@@ -166,9 +173,19 @@ def describe(pool: Pool) -> dict[str, object]:
 
 
 def engine_problems(policy: PolicyFile) -> Iterator[Problem]:
-    """Methods an engine does not run (warnings), and threshold guardrails on slices whose
-    speculative pools report no drafts (errors: nothing would ever feed them)."""
+    """Engines none of the built-in ones and methods an engine does not run (warnings), and
+    threshold guardrails on slices whose speculative pools report no drafts (errors: nothing
+    would ever feed them)."""
     for name, pool in policy.pools.items():
+        if pool.engine not in PROFILES:
+            known = ", ".join(PROFILES)
+            yield Problem(
+                ("pools", name, "engine"),
+                f"engine {pool.engine.value} is none of speclane's own ({known})",
+                "a gateway serves it only where an engine module of that name is registered",
+                Severity.WARNING,
+                code="engine-unknown",
+            )
         found = profile(pool.engine)
         if pool.method is not None and pool.method not in found.methods:
             runs = ", ".join(sorted(m.value for m in found.methods))

@@ -13,12 +13,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from policies.compiled import CompiledPolicy
-from policies.decide import decide
+from policies.decide import NO_SPLITS, decide
 from policies.decision import Decision
 from policies.features import Features
 from policies.flags import ALWAYS_ON, FlagValue
 from policies.match import matches
 from policies.model import KILL_SWITCH, Match, Range, ToolNames
+from policies.splitting import Split
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class Explanation:
     trials: tuple[Trial, ...]
     decision: Decision
     flags: Mapping[str, str]
+    flags_source: str = "given"  # where the flags' values came from (said with them)
 
     def as_json(self) -> dict[str, Any]:
         features = asdict(self.features)
@@ -71,19 +73,32 @@ class Explanation:
         ]
         decision = asdict(self.decision)
         decision["rungs"] = list(self.decision.rungs)
-        return {"features": features, "rules": trials, "flags": dict(self.flags), **decision}
+        return {
+            "features": features,
+            "rules": trials,
+            "flags": dict(self.flags),
+            "flags_source": self.flags_source,
+            **decision,
+        }
 
     def lines(self) -> list[str]:
         """The explanation as plain text, one fact a line."""
         out = ["features:"]
         out += [f"  {name}: {value}" for name, value in feature_rows(self.features)]
+        if self.decision.candidates:
+            found = ", ".join(f"{key} {value}" for key, value in self.decision.candidates)
+            out.append(f"split keys (what its slice may split by): {found}")
         out.append("rules tried, in order:")
         for t in self.trials:
             verdict = "MATCH" if t.matched else "no"
             out.append(f"  {t.index}. {t.rule}: {verdict} - {t.why}")
         d = self.decision
         out += [f"flag {name}: {value}" for name, value in self.flags.items()]
-        out += [f"slice: {d.slice}", f"pool: {d.pool or '-'} (rung {d.rung}, start {d.start})"]
+        out.append(f"flags from: {self.flags_source}")
+        out.append(f"slice: {d.slice}")
+        if d.parent and d.parent != d.slice:
+            out.append(f"  split by application from: {d.parent}")
+        out.append(f"pool: {d.pool or '-'} (rung {d.rung}, start {d.start})")
         out += [f"rungs: {' > '.join(d.rungs) or '-'}", f"reason: {d.reason}"]
         if d.shadow_to:
             out.append(f"shadow copy to: {d.shadow_to}")
@@ -91,9 +106,16 @@ class Explanation:
 
 
 def explain(
-    features: Features, policy: CompiledPolicy, flags: Mapping[str, FlagValue]
+    features: Features,
+    policy: CompiledPolicy,
+    flags: Mapping[str, FlagValue],
+    flags_source: str = "given",
+    splits: Mapping[str, Split] = NO_SPLITS,
 ) -> Explanation:
-    """Try every rule up to the first match, then decide with ``flags``."""
+    """Try every rule up to the first match, then decide with ``flags``, which came from
+    ``flags_source`` (said beside them: offline, live flags are not known), and
+    ``splits``, the slices a gateway has split by application, so the decision names
+    the child."""
     trials = []
     for compiled in policy.rules:
         found = tuple(conditions(compiled.rule.match, features))
@@ -101,10 +123,10 @@ def explain(
         trials.append(Trial(compiled.index, compiled.name, matched, found))
         if matched:
             break
-    decision = decide(features, policy, flags, {}, 0.0)
+    decision = decide(features, policy, flags, {}, 0.0, splits)
     names = [KILL_SWITCH] + [n for n in [policy.rules[trials[-1].index].rule.flag] if n]
     shown = {name: flag_words(flags.get(name, ALWAYS_ON)) for name in dict.fromkeys(names)}
-    return Explanation(features, tuple(trials), decision, shown)
+    return Explanation(features, tuple(trials), decision, shown, flags_source)
 
 
 def conditions(match: Match, features: Features) -> Iterator[Condition]:
@@ -165,7 +187,7 @@ def flag_words(value: FlagValue) -> str:
         return "off"
     parts = ["on"]
     if value.rollout is not None:
-        parts.append(f"for {value.rollout:g}% of routing keys")
+        parts.append(f"for {value.rollout:g}% of tenants (a hash of the tenant)")
     if value.allow is not None:
         parts.append(f"for tenants {sorted(value.allow)}")
     if value.deny:
@@ -173,13 +195,17 @@ def flag_words(value: FlagValue) -> str:
     return " ".join(parts)
 
 
+def _assumed(name: str, features: Features) -> str:
+    return " (not in the request: the served model's default)" if name in features.defaulted else ""
+
+
 def feature_rows(features: Features) -> list[tuple[str, str]]:
     """The features an operator reads, as (name, value) text pairs."""
     rows = [
         ("endpoint", features.endpoint),
         ("model", features.model),
-        ("temperature", f"{features.temperature:g}"),
-        ("top_p", f"{features.top_p:g}"),
+        ("temperature", f"{features.temperature:g}" + _assumed("temperature", features)),
+        ("top_p", f"{features.top_p:g}" + _assumed("top_p", features)),
         ("tools", ", ".join(features.tools) or "none"),
         ("response_format", str(features.response_format)),
         ("context_tokens", f"{features.prompt_tokens} (estimated prompt tokens)"),

@@ -38,6 +38,22 @@ API_NAMES = {
 
 
 @dataclass(frozen=True, slots=True)
+class PromptHashes:
+    """What a request's prompt is known by, hashes only (``gateway/prompt/prints.py``):
+    ``chain``, one hash per block of its canonical rendering, each including its parent's;
+    ``opening``, the hash of its conversation's opening (system prompt and first user
+    message), the same for every turn of one conversation; ``size``, the rendering's
+    bytes; ``template``, the fingerprint of its prompt template (hex); ``turn``, which turn
+    of its conversation the request is (the model's replies in it, plus one)."""
+
+    chain: tuple[int, ...] = ()
+    opening: int = 0
+    size: int = 0
+    template: str = ""
+    turn: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Features:
     """One request as the policy sees it.
 
@@ -51,7 +67,10 @@ class Features:
     every partial rollout; nothing in the body changes it. ``user`` is the body's ``user``
     (Anthropic's ``metadata.user_id``), which only keeps one user in one experiment arm.
     ``thinking``: the request asks for reasoning before its answer (Anthropic's
-    ``thinking``, OpenAI's ``reasoning``).
+    ``thinking``, OpenAI's ``reasoning``). ``defaulted`` names the features the request
+    left out, read as the served model's defaults (``temperature``, ``top_p``).
+    ``prompt``: the prompt's hashes, computed once here for the pool's choice of
+    endpoint and for whatever reads the template.
     """
 
     endpoint: str
@@ -73,6 +92,8 @@ class Features:
     request_id: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
     thinking: bool = False
+    defaulted: tuple[str, ...] = ()
+    prompt: PromptHashes = field(default_factory=PromptHashes)
 
     @property
     def has_tools(self) -> bool:

@@ -1,8 +1,10 @@
 """Feature flags as frozen values, and how one is evaluated for one request. Pure.
 
-A flag is on or off, optionally limited to a percentage of traffic (stable per routing key:
-the same tenant always lands in the same arm) and to tenants (deny wins over allow). The
-``speculation`` flag is the global kill switch.
+A flag is on or off, optionally limited to a percentage of tenants (a rollout draws a hash
+of the tenant, the routing key, never of the request: the same tenant always lands on the
+same side) and to tenants (deny wins over allow). The ``speculation`` flag is the global
+kill switch; the reason header says "kill switch" only when it is off, and names the
+rollout or the tenant list otherwise.
 
 ``anonymous`` (a request with no key the policy knows) inherits nothing: a flag that lists
 tenants admits it only when its allow list names it, and a partial rollout never does, so a
@@ -29,13 +31,25 @@ class FlagValue:
     deny: frozenset[str] = frozenset()
 
     def admits(self, name: str, features: Features) -> bool:
-        if not self.enabled or features.tenant in self.deny:
-            return False
+        return self.refusal(name, features) is None
+
+    def refusal(self, name: str, features: Features) -> str | None:
+        """Why the flag is off for ``features`` (words for the reason header), or None."""
+        if not self.enabled:
+            return "off"
+        if features.tenant in self.deny:
+            return f"off for tenant {features.tenant} (deny list)"
         if self.allow is not None and features.tenant not in self.allow:
-            return False
+            return f"off for tenant {features.tenant or ANONYMOUS} (not on the allow list)"
         if features.tenant == ANONYMOUS and self.deny and self.allow is None:
-            return False  # a deny list is not escaped by sending no key
-        return in_rollout(name, features, self.rollout)
+            return "off for requests without a known API key (the flag has a deny list)"
+        if not in_rollout(name, features, self.rollout):
+            return f"outside its {rollout_words(self.rollout)}" + (
+                "; a request without a known API key is in no partial rollout"
+                if not features.routing_key
+                else ""
+            )
+        return None
 
     @classmethod
     def from_default(cls, default: FlagDefault) -> FlagValue:
@@ -57,6 +71,12 @@ def in_rollout(salt: str, features: Features, percent: float | None) -> bool:
     if percent is None or percent >= 100:
         return True
     return bool(features.routing_key) and bucket(salt, features.routing_key) < percent / 100
+
+
+def rollout_words(percent: float | None) -> str:
+    """What a rollout draws from, said where it shows (the reason header, ``flags list``):
+    a share of tenants, by a hash of the tenant, never of requests."""
+    return "rollout to all" if percent is None else f"{percent:g}% rollout of tenants"
 
 
 def bucket(salt: str, key: str) -> float:

@@ -25,6 +25,18 @@ Only samples taken since the slice entered its phase are judged, so evidence fro
 transition never triggers the next one; with ``cooldown_s`` this is what keeps a slice from
 flapping.
 
+Latency (economic mode, ``latency_breach``): a slice also falls one rung when its median
+time to first token on the serving rung breaks the policy's goal (``ttft_p50_s``) while the
+rung below serves it sooner, or, with no goal set, before that median reaches
+``ttft_ratio`` times the rung below's for the same slice: at ``LEAVE_SHARE`` of the way
+(1.3x for 1.5x), since a queue's wait grows fastest just before it runs over; a gap under
+``MIN_EXCESS_S`` never counts (a busy pool answers a little later than an idle one without
+any queue). A slice does not climb back while the rung above would break the same rule
+once it is up there: judged on that rung's first tokens while it carried the slice and the
+rung below's while it did not (``gateway/measure/judging.py``), since a rung the slice left
+answers its few probes sooner than it would answer all of it, and the rung it fell to
+answers later for carrying it.
+
 In either mode an ``alarm`` (the shadow canary's) moves a slice one rung down at once.
 
 Pure and clock-free: ``now`` is an argument, and nothing here reads stats itself.
@@ -41,6 +53,8 @@ from policies.economics import Judgement
 from policies.model import Guardrail, ProbeMode
 
 MAX_PROBE_SHARE = 0.5
+LEAVE_SHARE = 0.6  # of the allowed excess TTFT at which a slice leaves (1.3x for 1.5x)
+MIN_EXCESS_S = 0.5  # a smaller gap in TTFT is two pools' loads, not a queue
 HEAR_WITHIN = 10  # requests of a fallen-back slice within which one probes the rung above
 HEAR_EVERY_S = 30.0  # ... unless probes come at least this often anyway
 
@@ -199,20 +213,55 @@ class Economics:
     ``below``: the serving rung against a rung ``drop`` rungs below it (None on the last
     rung or without evidence): the cheapest of those it is dearer than with confidence,
     else the next one. ``above``: the rung above against the serving one, from everything
-    in the window. ``probes``: the same from the newest probes since probing began alone
-    (``probe_count`` of them). ``rate``: the slice's requests per second; ``tokens``: its
-    mean output tokens per request (None while unknown); ``since_probe``: seconds since its
-    newest probe's outcome (or since probing began), while it probes.
+    in the window. ``probes``: the same from the newest probes since probing began alone.
+    ``rate``: the slice's requests per second; ``tokens``: its mean output tokens per request
+    (None while unknown); ``since_probe``: seconds since its newest probe's outcome (or since
+    probing began), while it probes; ``prefill``: what a probe's prefill on the rung above
+    costs, in requests served on the serving rung (the prompt tokens the rung above does not
+    hold of a probe's prompt, times its seconds per prompt token, over a request's output
+    tokens times the serving rung's seconds per output token; None while unknown). A long
+    conversation's turn is cached where it is served, and its probe is not.
     """
 
     below: Judgement | None = None
     above: Judgement | None = None
     probes: Judgement | None = None
-    probe_count: int = 0
     rate: float = 0.0
     drop: int = 1
     tokens: float | None = None
     since_probe: float | None = None
+    prefill: float | None = None
+    latency: Latency | None = None
+    latency_above: Latency | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """A slice's median time to first token on an upper rung and the rung below it (seconds),
+    each over at least ``min_samples`` of its newest requests there within the window: on
+    the upper rung those it served as the slice's rung (carrying the slice's load), for
+    ``Economics.latency`` since the slice entered its phase; on the rung below, for
+    ``Economics.latency_above``, those it served without it."""
+
+    upper: float
+    lower: float
+    n: int
+
+
+def latency_breach(latency: Latency | None, config: Guardrail) -> str | None:
+    """Why the upper rung breaks the slice's latency rule (module docstring), or None."""
+    if latency is None or latency.lower <= 0 or latency.upper - latency.lower < MIN_EXCESS_S:
+        return None
+    ratio = latency.upper / latency.lower
+    told = f"TTFT p50 {latency.upper:.2f} s vs {latency.lower:.2f} s below"
+    if config.ttft_p50_s is not None:
+        if latency.upper > config.ttft_p50_s and ratio > 1.0:
+            return f"{told}, above the goal of {config.ttft_p50_s:g} s"
+        return None
+    leave = 1.0 + LEAVE_SHARE * (config.ttft_ratio - 1.0)
+    if ratio >= leave:
+        return f"{told} ({ratio:.2f}x; leaves at {leave:.2f}x, before {config.ttft_ratio:g}x)"
+    return None
 
 
 def step_economic(
@@ -220,14 +269,18 @@ def step_economic(
 ) -> tuple[SliceState, Transition | None]:
     """Advance one slice in economic mode (module docstring). A changed state without a
     transition is a new probe share."""
+    slow = latency_breach(seen.latency, config)
+    if slow is not None and seen.latency is not None:
+        return _slow(slice_key, state, seen.latency, slow, now)
     if seen.below is not None and seen.below.verdict < 0:
         after = SliceState(state.offset + seen.drop, Phase.FALLEN_BACK, now, state.version + 1)
         return after, _event(slice_key, now, state, after, seen.below, "cheaper below")
     if state.offset == 0:
         return state, None
     ready = now - state.since >= config.cooldown_s or state.phase is Phase.PROBING
+    held = latency_breach(seen.latency_above, config) is not None
     for judged in (seen.probes, seen.above):
-        if ready and judged is not None and judged.verdict > 0:
+        if ready and not held and judged is not None and judged.verdict > 0:
             offset = state.offset - 1
             after = SliceState(
                 offset, Phase.ON if offset == 0 else Phase.FALLEN_BACK, now, state.version + 1
@@ -255,10 +308,24 @@ def step_economic(
     return after, Transition(slice_key, now, state, after, reason, numbers)
 
 
+def _slow(
+    slice_key: str, state: SliceState, latency: Latency, why: str, now: float
+) -> tuple[SliceState, Transition]:
+    after = SliceState(state.offset + 1, Phase.FALLEN_BACK, now, state.version + 1)
+    numbers = {
+        "ttft_p50_s": latency.upper,
+        "ttft_p50_below_s": latency.lower,
+        "requests": float(latency.n),
+    }
+    return after, Transition(slice_key, now, state, after, f"slow first token: {why}", numbers)
+
+
 def probe_share(seen: Economics, config: Guardrail) -> float:
     """The share of a fallen-back slice's requests that probe the rung above: what the
     ``probe_budget`` buys at the rung's last known cost ratio r (a live probe loses r - 1 of
-    a request, a mirrored one r), but at least one probe every ``max_cooldown_s`` so that
+    a request, a mirrored one r; their prefill there, ``Economics.prefill``, is the recovery
+    budget's to count, ``recovery_share``), but at least one probe every ``max_cooldown_s``
+    so that
     a quiet slice recovers in bounded time, and at most ``MAX_PROBE_SHARE``. Rounded to two
     significant digits, so that it does not change with every request. The last known
     ratio is the one on the newest requests: a window that mixes healthy requests from
@@ -279,9 +346,11 @@ def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
     one probe in ``HEAR_WITHIN`` of the slice's requests, but none where that would come more
     than once in ``HEAR_EVERY_S`` (a busy slice's own probes tell a healing soon enough), and
     at most what ``recovery_budget`` buys at a short probe's cost (its part of a request, f,
-    times the last known cost ratio r). So a quiet slice hears of a healing within about ten
-    of its requests, for a few percent of its cost while the rung above stays dear, where its
-    live probes alone would take a hundred. Requests are drawn at random, so the gaps between
+    times the last known cost ratio r, plus its prefill on the rung above,
+    ``Economics.prefill``: a long conversation's probe prefills what its turns find
+    cached). So a quiet slice hears of a healing within about ten of its requests, for a
+    few percent of its cost while the rung above stays dear, where its live probes alone
+    would take a hundred. Requests are drawn at random, so the gaps between
     probes vary; a probe overdue (``since_probe`` past the gap the share means) raises the
     share in proportion until one comes, beyond the budget, which holds on average. Two
     significant digits, as ``probe_share``."""
@@ -295,7 +364,7 @@ def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
         overdue = min(wanted * seen.since_probe / gap, MAX_PROBE_SHARE) - live
         return max(float(f"{overdue:.2g}"), 0.0)
     part = min(config.probe_tokens / seen.tokens, 1.0) if seen.tokens else 1.0
-    cost = max(part * _last_ratio(seen), 1e-9)
+    cost = max(part * _last_ratio(seen) + (seen.prefill or 0.0), 1e-9)
     share = min(wanted - live, config.recovery_budget / cost, MAX_PROBE_SHARE - live)
     return max(float(f"{share:.2g}"), 0.0)
 

@@ -7,6 +7,7 @@ ladder that ends on a standard pool) are in ``policies/checks.py``. Pure; no I/O
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,7 @@ STANDARD = "standard"
 KILL_SWITCH = "speculation"
 ANONYMOUS = "anonymous"  # the tenant of a request with no API key the policy knows
 MAX_RULES = 1000  # lint compares every rule with those before it
+_ENGINE_NAME = re.compile(r"[a-z][a-z0-9_.-]*")
 
 
 class _Strict(BaseModel):
@@ -34,10 +36,22 @@ class Engine(StrEnum):
     """The serving engine behind a pool; it decides what speculation speclane can see
     (``policies/engines.py``)."""
 
+    # The members are the engines speclane has built in. Any other lowercase name is taken
+    # too (``_missing_``), for an engine a gateway registers of its own (gateway/engines/):
+    # the gateway refuses a policy that names one it does not have, and the lint warns.
+
     VLLM = "vllm"
     VLLM_NEURON = "vllm-neuron"
     SGLANG = "sglang"
     TRTLLM = "trtllm"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Engine | None:
+        if not isinstance(value, str) or not _ENGINE_NAME.fullmatch(value):
+            return None
+        other = str.__new__(cls, value)
+        other._name_ = other._value_ = value
+        return other
 
 
 class Method(StrEnum):
@@ -209,6 +223,8 @@ class Guardrail(_Strict):
     min_speedup: Annotated[float, Field(gt=0)] = 1.0
     recover_speedup: Annotated[float, Field(gt=0)] = 1.1
     draft_cost_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    ttft_p50_s: Annotated[float, Field(gt=0)] | None = None
+    ttft_ratio: Annotated[float, Field(gt=1)] = 1.5
 
     @property
     def economic(self) -> bool:
@@ -234,6 +250,8 @@ class GuardrailOverride(_Strict):
     min_speedup: Annotated[float, Field(gt=0)] | None = None
     recover_speedup: Annotated[float, Field(gt=0)] | None = None
     draft_cost_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    ttft_p50_s: Annotated[float, Field(gt=0)] | None = None
+    ttft_ratio: Annotated[float, Field(gt=1)] | None = None
 
     def apply(self, base: Guardrail) -> Guardrail:
         return base.model_copy(update=self.model_dump(exclude_none=True))
@@ -324,6 +342,40 @@ class Bands(_Strict):
         "schemas into this many buckets (0: not at all), so one tool schema with low "
         "acceptance moves alone",
     )
+    split: bool = Field(
+        True,
+        description="split a slice by the applications inside it when their economics "
+        "differ with the guardrail's confidence, and merge it back when they no longer do",
+    )
+    split_by: list[str] = Field(
+        ["template", "tenant", "tools", "api"],
+        description="keys a slice may split by, tried in this order: template, tenant, "
+        "tools, api, or header:<name>",
+    )
+    max_children: Annotated[int, Field(ge=1, le=64)] = Field(
+        8, description="the most children one slice splits into; other values stay pooled"
+    )
+    merge_after_s: Annotated[float, Field(ge=0)] = Field(
+        600.0,
+        description="children merge back after serving on their parent's rung, with no "
+        "confident difference left between them, this long",
+    )
+    pin: dict[str, str] = Field(
+        {},
+        description="rule name -> key: that rule's slices are always split by the key "
+        "(busiest values first), whatever their economics",
+    )
+
+
+class RequestDefaults(_Strict):
+    """What the served model uses when a request leaves a sampling field out: vLLM applies
+    the model's ``generation_config.json`` (Qwen3: temperature 0.6), or 1.0 when it sets
+    none. Rules and slices read a request without ``temperature`` as this, and the reason
+    header says it was assumed. Left out: ``SPECLANE_DEFAULT_TEMPERATURE`` and
+    ``SPECLANE_DEFAULT_TOP_P`` (1.0)."""
+
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
 
 
 class PolicyFile(_Strict):
@@ -339,6 +391,12 @@ class PolicyFile(_Strict):
         "(tokenize, embeddings, count_tokens, score, rerank, audio, /v1/models/{id}), failing "
         "over to the rest of its ladder from the bottom up: one pool name, for the model it "
         "serves, or model -> pool (default: the ladder's last rung)",
+    )
+    defaults: RequestDefaults = Field(
+        RequestDefaults(),
+        description="what the served model uses when a request leaves temperature or top_p "
+        "out (its generation_config.json; speclane init finds or asks it); rules match a "
+        "request without them as these",
     )
     slices: Bands = Bands()
     guardrail: Guardrail = Guardrail()

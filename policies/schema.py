@@ -52,6 +52,11 @@ _GUARDRAIL = {
     "recover_speedup": "ignored (older files set it): the guardrail judges cost or acceptance",
     "draft_cost_ratio": "cost of one draft pass relative to one target pass (c): the prior "
     "for a pool's step time before it has served anything",
+    "ttft_p50_s": "economic mode: a latency goal: a slice leaves a rung whose median time to "
+    "first token for it is above this many seconds when the rung below serves it sooner",
+    "ttft_ratio": "economic mode, without ttft_p50_s: a slice leaves a speculative rung before "
+    "its median time to first token there reaches this multiple of the rung below's for the "
+    "same slice (at 60% of the way: 1.3x for 1.5)",
 }
 _RANGE = "an inclusive range {min: ..., max: ...}; either end may be left out"
 
@@ -131,6 +136,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
     m.Bands: {
         "temperature": "ascending temperature band edges",
         "context_tokens": "ascending prompt-token band edges",
+    },
+    m.RequestDefaults: {
+        "temperature": "the temperature the served model samples at when a request has none "
+        "(vLLM: the model's generation_config.json, else 1.0)",
+        "top_p": "the top_p the served model uses when a request has none",
     },
 }
 

@@ -1,5 +1,7 @@
 """A pool's engine step time as a function of its batch, learned online. Pure; time is an
-argument.
+argument. The guardrail judges on ``policies/stepcurve.py`` (the tokens, cache and prefill a
+step computes, with a knee); this line stays what ``/admin`` shows of a pool, and the
+shapes the H200 table is compared with (``bench/gpu/learners.py``).
 
 An engine step reads the weights once and then does work for every sequence in the batch,
 and for every prompt token it prefills: ``seconds = a + b * batch + c * prefill``, a fixed
@@ -63,6 +65,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from policies.decaying import Decaying
+from policies.linalg import Mat, apply, diagonal, dot, inverse, non_negative, precision, solve
+
 MIN_OBSERVATIONS = 3.0
 KAPPA = 0.02
 PREFILL_KAPPA = 0.004
@@ -73,8 +78,7 @@ NOISE_SD = 0.15
 NOISE_WEIGHT = 3.0
 
 Vector = tuple[float, float, float]
-Matrix = tuple[Vector, Vector, Vector]
-_ZERO: Matrix = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+_ZERO: Mat = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
 _PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))  # the upper triangle, row by row
 
 
@@ -98,7 +102,7 @@ class Line:
     a: float
     b: float
     c: float = 0.0
-    cov: Matrix = _ZERO
+    cov: Mat = _ZERO
     observations: float = 0.0
 
     @property
@@ -113,23 +117,20 @@ class Line:
     def at_point(self, x1: float, prefill: float = 0.0) -> StepTime:
         """The step at the regressors as they are (``HingeFit``'s past-the-knee batch)."""
         x = (1.0, x1, max(prefill, 0.0))
-        seconds = max(_dot(self.mean, x), 1e-9)
-        var = max(_dot(x, _apply(self.cov, x)), 0.0)
+        seconds = max(dot(self.mean, x), 1e-9)
+        var = max(dot(x, apply(self.cov, x)), 0.0)
         learned = self.observations >= MIN_OBSERVATIONS
         return StepTime(seconds, var / (seconds * seconds), self.observations, learned)
 
 
 @dataclass(slots=True)
-class StepFit:
+class StepFit(Decaying):
     """Decaying sums of one pool's (batch, prefill, seconds per step) observations, each
     weighted by ``1 / seconds^2``; ``w`` is their plain (decayed) count. ``xx`` holds the
     weighted sums of the regressors' products (1, batch, prefill) and ``xy`` of their
     products with the seconds."""
 
-    half_life_s: float = 300.0
     tokens_per_seq: int = 1
-    at: float = 0.0
-    w: float = 0.0
     xx: list[float] = field(default_factory=lambda: [0.0] * len(_PAIRS))
     xy: list[float] = field(default_factory=lambda: [0.0] * 3)
 
@@ -147,20 +148,9 @@ class StepFit:
         for i in range(3):
             self.xy[i] += omega * x[i] * seconds
 
-    def _decay(self, now: float) -> None:
-        if now > self.at:
-            f = self._factor(now)
-            self.w *= f
-            self.xx[:] = [v * f for v in self.xx]
-            self.xy[:] = [v * f for v in self.xy]
-            self.at = now
-
-    def _factor(self, now: float) -> float:
-        return 0.5 ** (max(now - self.at, 0.0) / self.half_life_s) if self.w else 1.0
-
-    def weight(self, now: float) -> float:
-        """The observations' weight at ``now`` (decayed, also without new observations)."""
-        return self.w * self._factor(now)
+    def _scale(self, f: float) -> None:
+        self.xx[:] = [v * f for v in self.xx]
+        self.xy[:] = [v * f for v in self.xy]
 
     def mean_batch(self, now: float) -> float | None:
         """The batch the observations were taken at (weighted); None under the minimum."""
@@ -200,7 +190,7 @@ class StepFit:
         return None if line is None else line.at(batch)
 
 
-def _fit(prior: Line, n: float, xx: Matrix, xy: Vector) -> tuple[Line, float]:
+def _fit(prior: Line, n: float, xx: Mat, xy: Vector) -> tuple[Line, float]:
     """The posterior under ``prior``, its noise pooled from the residuals of a first pass,
     and the weighted residual sum of squares (relative residuals)."""
     noise = NOISE_SD**2
@@ -208,7 +198,7 @@ def _fit(prior: Line, n: float, xx: Matrix, xy: Vector) -> tuple[Line, float]:
     for _ in range(2):
         line = _posterior(prior, n, xx, xy, noise)
         beta = line.mean
-        rss = max(n - 2 * _dot(beta, xy) + _dot(beta, _apply(xx, beta)), 0.0)
+        rss = max(n - 2 * dot(beta, xy) + dot(beta, apply(xx, beta)), 0.0)
         noise = (NOISE_WEIGHT * NOISE_SD**2 + rss) / (NOISE_WEIGHT + n)
     return line, rss
 
@@ -218,32 +208,17 @@ def _generic(x: tuple[float, float], y: float, per_seq: float) -> Line:
     ``per_seq`` and ``PREFILL_KAPPA`` of the fixed part per sequence and per prompt token."""
     a = y / (1.0 + per_seq * x[0] + PREFILL_KAPPA * x[1])
     mean = (a, per_seq * a, PREFILL_KAPPA * a)
-    return Line(*mean, cov=_diagonal([(GENERIC_SD * m) ** 2 for m in mean]))
+    return Line(*mean, cov=diagonal([(GENERIC_SD * m) ** 2 for m in mean]))
 
 
-def _posterior(prior: Line, n: float, xx: Matrix, xy: Vector, noise: float) -> Line:
+def _posterior(prior: Line, n: float, xx: Mat, xy: Vector, noise: float) -> Line:
     """Gaussian update of ``prior`` with the weighted sums; every part kept >= 0 (the
     constrained optimum in the posterior's own metric)."""
-    p0 = _precision(prior.cov)
+    p0 = precision(prior.cov)
     lam = _symmetric([p0[i][j] + xx[i][j] / noise for i, j in _PAIRS])
-    r = _add(_apply(p0, prior.mean), tuple(v / noise for v in xy))
-    beta = _non_negative(lam, r)
-    return Line(*beta, cov=_inverse(lam), observations=n)
-
-
-def _non_negative(lam: Matrix, r: Sequence[float]) -> Vector:
-    """argmin of ``b'Lb - 2r'b`` over b >= 0: parts that come out negative are pinned at 0
-    one at a time, the most negative first, and the others solved again."""
-    free = [0, 1, 2]
-    while True:
-        sub = _solve([[lam[i][j] for j in free] for i in free], [r[i] for i in free])
-        beta = [0.0, 0.0, 0.0]
-        for i, v in zip(free, sub, strict=True):
-            beta[i] = v
-        worst = min(free, key=lambda i: beta[i])
-        if beta[worst] >= 0 or len(free) == 1:
-            return (max(beta[0], 0.0), max(beta[1], 0.0), max(beta[2], 0.0))
-        free.remove(worst)
+    r = _add(apply(p0, prior.mean), tuple(v / noise for v in xy))
+    a, b, c = non_negative(lam, r)
+    return Line(a, b, c, cov=inverse(lam), observations=n)
 
 
 def transfer(source: Line, k_from: int | None, k_to: int | None, draft_cost: float) -> Line:
@@ -282,12 +257,12 @@ def combine(priors: Iterable[Line]) -> Line | None:
     total = [0.0] * len(_PAIRS)
     r: Vector = (0.0, 0.0, 0.0)
     for line in items:
-        q = _precision(line.cov)
+        q = precision(line.cov)
         total = [t + q[i][j] for t, (i, j) in zip(total, _PAIRS, strict=True)]
-        r = _add(r, _apply(q, line.mean))
-    precision = _symmetric(total)
-    a, b, c = _solve([list(row) for row in precision], list(r))
-    return Line(a, b, c, cov=_inverse(precision))
+        r = _add(r, apply(q, line.mean))
+    together = _symmetric(total)
+    a, b, c = solve([list(row) for row in together], list(r))
+    return Line(a, b, c, cov=inverse(together))
 
 
 # --- an alternative shape: a floor, then a slope past a knee ---------------------------------
@@ -308,7 +283,7 @@ class Hinge:
 
 
 @dataclass(slots=True)
-class HingeFit:
+class HingeFit(Decaying):
     """``StepFit``'s observations, fitted as a floor and a slope past a knee as well as a
     line: a GPU's step is flat while reading the weights dominates (memory-bound) and grows
     with the tokens once compute does, which a line through both stretches fits badly at
@@ -323,11 +298,8 @@ class HingeFit:
     ``Line`` from another pool (``transfer``) applies to the line only: the knees start from
     the generic prior."""
 
-    half_life_s: float = 300.0
     tokens_per_seq: int = 1
     knees: tuple[float, ...] = HINGE_KNEES
-    at: float = 0.0
-    w: float = 0.0
     xx: list[list[float]] = field(default_factory=list)
     xy: list[list[float]] = field(default_factory=list)
     above: list[float] = field(default_factory=list)
@@ -356,19 +328,9 @@ class HingeFit:
             if batch > knee:
                 self.above[j] += weight
 
-    def _decay(self, now: float) -> None:
-        if now > self.at:
-            f = self._factor(now)
-            self.w *= f
-            for sums in (*self.xx, *self.xy, self.above):
-                sums[:] = [v * f for v in sums]
-            self.at = now
-
-    def _factor(self, now: float) -> float:
-        return 0.5 ** (max(now - self.at, 0.0) / self.half_life_s) if self.w else 1.0
-
-    def weight(self, now: float) -> float:
-        return self.w * self._factor(now)
+    def _scale(self, f: float) -> None:
+        for sums in (*self.xx, *self.xy, self.above):
+            sums[:] = [v * f for v in sums]
 
     def hinge(self, now: float, prior: Line | None = None) -> Hinge | None:
         """The best-supported knee and its posterior at ``now``; None without observations
@@ -400,67 +362,14 @@ class HingeFit:
         return None if hinge is None else hinge.at(batch)
 
 
-# --- 3 x 3 algebra ------------------------------------------------------------------------
-
-
-def _dot(u: Sequence[float], v: Sequence[float]) -> float:
-    return sum(x * y for x, y in zip(u, v, strict=True))
+# --- 3 x 3 in an upper triangle -------------------------------------------------------------
 
 
 def _add(u: Sequence[float], v: Sequence[float]) -> Vector:
     return (u[0] + v[0], u[1] + v[1], u[2] + v[2])
 
 
-def _apply(m: Matrix, v: Sequence[float]) -> Vector:
-    return (_dot(m[0], v), _dot(m[1], v), _dot(m[2], v))
-
-
-def _symmetric(upper: Sequence[float]) -> Matrix:
+def _symmetric(upper: Sequence[float]) -> Mat:
     """The symmetric matrix of an upper triangle given row by row (``_PAIRS``' order)."""
     a, b, c, d, e, f = upper
     return ((a, b, c), (b, d, e), (c, e, f))
-
-
-def _diagonal(values: Sequence[float]) -> Matrix:
-    return _symmetric([values[0], 0.0, 0.0, values[1], 0.0, values[2]])
-
-
-def _solve(m: list[list[float]], r: list[float]) -> list[float]:
-    """``m x = r`` by elimination with partial pivoting; a singular direction solves to 0."""
-    n = len(r)
-    rows = [[*m[i], r[i]] for i in range(n)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda i: abs(rows[i][col]))
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        if rows[col][col] == 0.0:
-            continue
-        for i in range(col + 1, n):
-            f = rows[i][col] / rows[col][col]
-            rows[i] = [x - f * y for x, y in zip(rows[i], rows[col], strict=True)]
-    out = [0.0] * n
-    for i in reversed(range(n)):
-        if rows[i][i] != 0.0:
-            rest = sum(rows[i][j] * out[j] for j in range(i + 1, n))
-            out[i] = (rows[i][n] - rest) / rows[i][i]
-    return out
-
-
-def _inverse(m: Matrix) -> Matrix:
-    columns = [
-        _solve([list(row) for row in m], [float(i == j) for i in range(3)]) for j in range(3)
-    ]
-    return _symmetric([(columns[j][i] + columns[i][j]) / 2 for i, j in _PAIRS])
-
-
-def _precision(cov: Matrix) -> Matrix:
-    """The inverse of a covariance; a degenerate one (a part known exactly, or not at all)
-    by its diagonal."""
-    det = (
-        cov[0][0] * (cov[1][1] * cov[2][2] - cov[1][2] * cov[2][1])
-        - cov[0][1] * (cov[1][0] * cov[2][2] - cov[1][2] * cov[2][0])
-        + cov[0][2] * (cov[1][0] * cov[2][1] - cov[1][1] * cov[2][0])
-    )
-    scale = cov[0][0] * cov[1][1] * cov[2][2]
-    if det <= 1e-12 * scale or scale <= 0:
-        return _diagonal([1.0 / max(cov[i][i], 1e-30) for i in range(3)])
-    return _inverse(cov)

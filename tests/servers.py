@@ -25,7 +25,11 @@ def free_port() -> int:
 async def serving(app: ASGIApp, port: int | None = None, **options: Any) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on 127.0.0.1 until the block ends; yields the base URL.
     ``options`` replace uvicorn's (``http``, ``timeout_keep_alive``, ...)."""
-    port = port or free_port()
+    sock = None
+    if port is None:  # bound here, so no other process can take the port in between
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
     defaults: dict[str, Any] = {
         "log_level": "warning",
         "lifespan": "on",
@@ -35,7 +39,7 @@ async def serving(app: ASGIApp, port: int | None = None, **options: Any) -> Asyn
     }
     config = uvicorn.Config(app, host="127.0.0.1", port=port, **{**defaults, **options})
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
     while not server.started:
         if task.done():
             task.result()
@@ -45,7 +49,11 @@ async def serving(app: ASGIApp, port: int | None = None, **options: Any) -> Asyn
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await task
+        try:
+            await task
+        finally:
+            if sock is not None:
+                sock.close()
 
 
 async def wait_healthy(url: str, process: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:

@@ -86,3 +86,23 @@ def test_the_pages_a_starter_policy_and_the_readme_name_exist():
         assert (ROOT / "docs" / f"{name}.md").exists()
     for name in ("configuration", "deployment", "development", "benchmarks"):
         assert (ROOT / "docs" / f"{name}.md").exists()
+
+
+CLIENT = re.compile(r"(?:OpenAI|Anthropic)\(\s*base_url=[^)]*\)", re.S)
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
+def test_every_client_shown_has_its_api_key(page):
+    """openai's and anthropic's clients refuse to start without a key (or its variable)."""
+    for call in CLIENT.findall(page.read_text().replace("`", "")):
+        assert "api_key=" in call, f"{page.name}: {call}"
+
+
+def test_claude_code_is_pointed_at_the_served_model_for_its_background_requests():
+    text = (ROOT / "docs" / "agents.md").read_text()
+    for variable in (
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL=Qwen/Qwen3-8B",
+        "ANTHROPIC_SMALL_FAST_MODEL=Qwen/Qwen3-8B",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS=",
+    ):
+        assert variable in text

@@ -103,14 +103,16 @@ GATEWAY_LAYERS: list[set[str]] = [
     {"pipeline", "lifecycle"},  # the request path; the background work
     {"services"},  # the container of collaborators
     {"forward", "state"},  # to and from the pools; what outlives a request
+    {"classify"},  # step 3: a request's features, its API named by the registry
+    {"apis"},  # one module per API served, and their registry
     {"measure"},  # outcomes, live stats, metrics, traces
+    {"engines"},  # one module per serving engine, and their registry
     {
-        "classify",
-        "endpoints",
         "errors",
         "gate",
         "identity",
         "plotting",
+        "prompt",
         "schema",
         "settings",
         "tokens",

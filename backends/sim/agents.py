@@ -33,7 +33,11 @@ class AgentApi(Protocol):
 
 
 class MessagesApi:
-    """``POST /v1/messages``."""
+    """``POST /v1/messages``; ``cache_read``: report prefix-cache hits as
+    ``cache_read_input_tokens``."""
+
+    def __init__(self, *, cache_read: bool = False) -> None:
+        self._cache_read = cache_read
 
     def chat_body(self, body: bytes) -> bytes:
         return orjson.dumps(api_messages.chat_request(body))
@@ -42,10 +46,10 @@ class MessagesApi:
         return api_messages.error_body(error)
 
     def stream(self, answer: Answer) -> Converter:
-        return api_messages.MessagesStream(answer.prompt_tokens)
+        return api_messages.MessagesStream(answer.prompt_tokens, cache_read=self._cache_read)
 
     def whole(self, answer: Answer, chat_body: bytes) -> bytes:
-        return api_messages.whole(chat_body)
+        return api_messages.whole(chat_body, cache_read=self._cache_read)
 
 
 class ResponsesApi:

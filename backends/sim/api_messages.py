@@ -11,8 +11,13 @@ each as ``event: <type>`` and ``data: <json>``; like vLLM's, it ends there, with
 ``[DONE]``. A whole answer has no ``stop_sequence`` (a stream's ``message_start`` and
 ``message_delta`` have it, null), and a ``count_tokens`` answer is ``input_tokens`` and
 ``context_management.original_input_tokens``. The answers carry no per-request speculative
-metrics, as vLLM's do not. Errors are Anthropic's shape,
-``{"type": "error", "error": {"type", "message"}}``.
+metrics, as vLLM's do not. A system block that starts with Claude Code's
+``x-anthropic-billing-header`` line is dropped, as vLLM's handler drops it (its per-turn
+hash would defeat the prefix cache). What vLLM's request model refuses
+(``messages_model.py``: a role of ``robot``, a thinking budget under 1024...) is answered
+400 in vLLM's OpenAI shape, as vLLM's validation handler answers it; every other error in
+Anthropic's shape with vLLM's type name, as its Messages route translates them:
+``{"type": "error", "error": {"type": "NotFoundError", "message": ...}}``.
 
 Pure: no I/O, no clock.
 """
@@ -24,34 +29,41 @@ from typing import Any
 
 import orjson
 
-from backends.sim.validation import SimHTTPError, json_object
+from backends.sim import messages_model
+from backends.sim.protocol import Invalid
+from backends.sim.responses import cached_of
+from backends.sim.validation import ModelRefused, SimHTTPError, json_object
 
 Json = dict[str, Any]
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "overloaded_error"}
+# vLLM's type of the errors a Messages stream carries, by their code
+_TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
 
 
 def error_body(error: SimHTTPError) -> bytes:
-    kind = _TYPES.get(error.status, "api_error")
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": error.message}})
+    """An error answer of the Messages routes: the request model's refusal as vLLM's
+    validation handler writes it, any other in Anthropic's shape with vLLM's type."""
+    if isinstance(error, ModelRefused):
+        return error.body
+    return orjson.dumps({"type": "error", "error": {"type": error.type, "message": error.message}})
 
 
 def _invalid(message: str) -> SimHTTPError:
-    return SimHTTPError(400, message, "invalid_request_error")
+    return SimHTTPError(400, message, "BadRequestError")
 
 
 def chat_request(body: bytes, *, count: bool = False) -> Json:
     """The chat request a Messages request (or, with ``count``, a count_tokens request)
-    becomes; ``SimHTTPError`` 400 for what vLLM's Messages model refuses."""
+    becomes; ``ModelRefused`` for what vLLM's Messages model refuses, ``SimHTTPError`` 400
+    for what its conversion to chat does."""
     payload = json_object(body)
-    model, messages = payload.get("model"), payload.get("messages")
-    if not isinstance(model, str) or not model:
-        raise _invalid("model: Field required")
-    if not isinstance(messages, list) or not messages:
+    try:
+        messages_model.check(payload, count=count)
+    except Invalid as exc:
+        raise ModelRefused(400, str(exc), exc.type, exc.param) from None
+    model, messages, max_tokens = payload["model"], payload["messages"], payload.get("max_tokens")
+    if not messages:
         raise _invalid("messages must contain at least one item")
-    max_tokens = payload.get("max_tokens")
-    if not count and (not isinstance(max_tokens, int) or max_tokens <= 0):
-        raise _invalid("max_tokens: Field required, a positive integer")
     chat: Json = {"model": model, "messages": _system(payload.get("system"))}
     for message in messages:
         chat["messages"] += _chat_messages(message)
@@ -72,22 +84,26 @@ def chat_request(body: bytes, *, count: bool = False) -> Json:
     return chat
 
 
+# Claude Code opens its system prompt with a block of this line, whose ``cch`` hash changes
+# every turn; vLLM's Messages handler drops such blocks so that the prefix cache holds.
+_BILLING = "x-anthropic-billing-header"
+
+
 def _system(system: object) -> list[Json]:
     if isinstance(system, str) and system:
         return [{"role": "system", "content": system}]
     if isinstance(system, list):
-        text = "".join(str(b.get("text") or "") for b in system if isinstance(b, dict))
+        texts = (str(b.get("text") or "") for b in system if isinstance(b, dict))
+        text = "".join(t for t in texts if not t.startswith(_BILLING))
         return [{"role": "system", "content": text}] if text else []
     return []
 
 
-def _chat_messages(message: object) -> list[Json]:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise _invalid("messages: each message needs a role and content")
+def _chat_messages(message: Json) -> list[Json]:
     role, content = message["role"], message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    if not isinstance(content, list) or not content:
+    if not content:
         raise _invalid("message content must not be empty")
     out: list[Json] = []
     texts: list[str] = []
@@ -110,12 +126,8 @@ def _chat_messages(message: object) -> list[Json]:
     return [said, *out] if texts or calls or not out else out
 
 
-def _chat_tool(tool: object) -> Json:
-    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-        raise _invalid("tools: each tool needs a name and an input_schema")
-    schema = tool.get("input_schema")
-    if not isinstance(schema, dict):
-        raise _invalid("input_schema must be a dictionary")
+def _chat_tool(tool: Json) -> Json:
+    schema = tool["input_schema"]
     function: Json = {"name": tool["name"], "parameters": {"type": "object"} | schema}
     if tool.get("description") is not None:
         function["description"] = tool["description"]
@@ -130,8 +142,6 @@ def _tool_choice(choice: object) -> object:
         return "none"
     if kind == "tool":
         assert isinstance(choice, dict)
-        if not choice.get("name"):
-            raise _invalid("tool_choice.name is required when tool_choice.type is 'tool'")
         return {"type": "function", "function": {"name": choice["name"]}}
     return "auto"
 
@@ -143,8 +153,9 @@ def _event(body: Json) -> bytes:
 class MessagesStream:
     """A chat stream's chunks (``data:`` events) in, the Messages stream's events out."""
 
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, *, cache_read: bool = False) -> None:
         self._prompt = prompt_tokens
+        self._cache_read = cache_read
         self._started = False
         self._block: int | None = None  # the open content block's index
         self._blocks = 0
@@ -163,7 +174,7 @@ class MessagesStream:
         chunk = orjson.loads(data)
         if "error" in chunk:
             error = chunk["error"]
-            kind = _TYPES.get(error.get("code"), "api_error")
+            kind = _TYPES.get(error.get("code"), "InternalServerError")
             return _event({"type": "error", "error": {"type": kind, "message": error["message"]}})
         out = b"" if self._started else self._start(chunk)
         choices = chunk.get("choices") or []
@@ -223,7 +234,7 @@ class MessagesStream:
         used = {
             "input_tokens": usage.get("prompt_tokens", self._prompt),
             "output_tokens": usage.get("completion_tokens", 0),
-        }
+        } | _cache_read(usage, self._cache_read)
         delta = {"stop_reason": _STOP.get(self._finish, "end_turn"), "stop_sequence": None}
         return self._close() + _event({"type": "message_delta", "delta": delta, "usage": used})
 
@@ -234,7 +245,16 @@ def count_body(tokens: int) -> bytes:
     return orjson.dumps({"input_tokens": tokens, "context_management": management})
 
 
-def whole(chat_body: bytes) -> bytes:
+def _cache_read(usage: Mapping[str, Any], shown: bool) -> Json:
+    """``cache_read_input_tokens`` when ``shown`` and the prompt hit the prefix cache (vLLM
+    0.32's Messages handler never sets it; the simulator does with
+    ``--enable-prompt-tokens-details``). ``input_tokens`` stays the whole prompt, as in
+    vLLM, not Anthropic's uncached remainder."""
+    cached = cached_of(usage)
+    return {"cache_read_input_tokens": cached} if shown and cached else {}
+
+
+def whole(chat_body: bytes, *, cache_read: bool = False) -> bytes:
     """A whole chat answer as a whole Messages answer."""
     body = orjson.loads(chat_body)
     choice = body["choices"][0]
@@ -261,6 +281,7 @@ def whole(chat_body: bytes) -> bytes:
         "usage": {
             "input_tokens": usage.get("prompt_tokens", 0),
             "output_tokens": usage.get("completion_tokens", 0),
-        },
+        }
+        | _cache_read(usage, cache_read),
     }
     return orjson.dumps(answer)

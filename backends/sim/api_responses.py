@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from backends.sim.responses import TIMING_FIELDS
+from backends.sim.responses import TIMING_FIELDS, cached_of
 from backends.sim.validation import SimHTTPError, json_object
 
 Json = dict[str, Any]
@@ -154,11 +154,11 @@ def _response_format(fmt: Mapping[str, Any]) -> Json:
     return {"type": "json_schema", "json_schema": spec}
 
 
-def _usage(prompt: int, completion: int) -> Json:
+def _usage(prompt: int, completion: int, cached: int = 0) -> Json:
     return {
         "input_tokens": prompt,
         "input_tokens_details": {
-            "cached_tokens": 0,
+            "cached_tokens": cached,
             "cache_write_tokens": 0,
             "input_tokens_per_turn": [],
             "cached_tokens_per_turn": [],
@@ -329,7 +329,9 @@ def whole(chat_body: bytes, response_id: str, request: Mapping[str, Any], create
     body = orjson.loads(chat_body)
     choice = body["choices"][0]
     usage = body.get("usage") or {}
-    used = _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+    used = _usage(
+        usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached_of(usage)
+    )
     output = output_items(response_id, choice.get("message") or {})
     status = _status(choice.get("finish_reason"))
     return response(
@@ -479,7 +481,9 @@ class ResponsesStream:
         """The closing ``response.completed``, also for an answer that stopped at
         ``max_output_tokens`` (its status inside is then ``incomplete``), as vLLM sends it."""
         out = self._close()
-        used = _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+        used = _usage(
+            usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached_of(usage)
+        )
         status = _status(self._finish)
         done = response(self._id, self._request, self._created, self._items, used, status, timings)
         self.final = done

@@ -20,6 +20,8 @@ from typing import Any
 import uvicorn
 
 from backends.sim.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DRAFT_KV_SHARE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_STREAM_COST_US,
     Faults,
@@ -28,7 +30,14 @@ from backends.sim.config import (
     parse_drift,
 )
 from backends.sim.dialects import SimEngine
-from backends.sim.model import GPU_32B, CostModel, GpuCostModel, Method, StepCost
+from backends.sim.model import (
+    GPU_32B,
+    CostModel,
+    GpuCostModel,
+    Method,
+    StepCost,
+    measured_for,
+)
 from backends.sim.server import create_app, uvicorn_config
 
 logger = logging.getLogger(__name__)
@@ -47,18 +56,22 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 COST_MODEL_HELP = (
-    "the step-time model: affine (25 ms + 0.8 ms per verified token, the default), gpu (a "
+    "the step-time model: measured (the default: the curve measured on one H200 for the "
+    "served model's size, gpu-32b for a 32B name such as qwen3-32b, gpu otherwise), gpu (a "
     "memory floor, a slope per token that steepens past a knee, KV reads per cached token: "
     "fitted to an 8B target and a 1B draft measured on one H200), gpu-32b (the same card's "
-    "32B target) or gpu:PATH (the parameters bench/gpu/steptime.py fitted on another card, "
-    "its summary.json)"
+    "32B target), gpu:PATH (the parameters bench/gpu/steptime.py fitted on another card, "
+    "its summary.json) or affine (25 ms + 0.8 ms per verified token)"
 )
 
 
-def cost_model_arg(text: str) -> StepCost:
-    """``affine``, ``gpu``, ``gpu-32b`` or ``gpu:PATH``, as ``argparse`` type: a bad value or
+def cost_model_arg(text: str) -> StepCost | None:
+    """``measured``, ``affine``, ``gpu``, ``gpu-32b`` or ``gpu:PATH``, as ``argparse`` type
+    (None: ``measured``, resolved by ``cost_for`` once the model is known): a bad value or
     an unreadable summary is a usage error, not a traceback."""
     kind, _, path = text.partition(":")
+    if kind == "measured" and not path:
+        return None
     if kind == "affine" and not path:
         return CostModel()
     if kind == "gpu" and not path:
@@ -75,7 +88,12 @@ def cost_model_arg(text: str) -> StepCost:
             raise argparse.ArgumentTypeError(
                 f"cannot read a GPU cost model from {path}: {exc}"
             ) from None
-    raise argparse.ArgumentTypeError(f"{text!r}: want affine, gpu, gpu-32b or gpu:PATH")
+    raise argparse.ArgumentTypeError(f"{text!r}: want measured, affine, gpu, gpu-32b or gpu:PATH")
+
+
+def cost_for(chosen: StepCost | None, model: str) -> StepCost:
+    """The cost model ``cost_model_arg`` chose, or the measured curve for ``model``."""
+    return chosen if chosen is not None else measured_for(model)
 
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +121,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Put every ``sim`` option on ``parser`` and make ``run`` its handler."""
     _model_options(parser.add_argument)
     _server_options(parser.add_argument)
+    _memory_options(parser.add_argument_group("KV memory and prefix cache").add_argument)
     _fault_options(parser)
     parser.set_defaults(handler=run)
     return parser
@@ -132,6 +151,12 @@ def _model_options(add: Callable[..., object]) -> None:
         dest="models",
         help="served model name (repeatable; default: qwen3-32b)",
     )
+    add(
+        "--root",
+        help="what /v1/models shows as root, as vLLM shows its --model (a directory or a "
+        "Hugging Face id; speclane init reads the model's generation_config.json there, and "
+        "its temperature is what a request without one is sampled at) (default: MODEL/target)",
+    )
     add("--seed", type=int, default=0, help="seed of the simulated answers and acceptance")
     add("--max-num-seqs", type=int, default=256, help="sequences in one batch, like vLLM's")
     add(
@@ -157,7 +182,7 @@ def _model_options(add: Callable[..., object]) -> None:
         default="",
         help="e.g. code@60=0.1,code@120=0.82 (workload@model seconds=acceptance)",
     )
-    add("--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP)
+    add("--cost-model", type=cost_model_arg, default=None, help=COST_MODEL_HELP)
 
 
 def _server_options(add: Callable[..., object]) -> None:
@@ -206,6 +231,46 @@ def _server_options(add: Callable[..., object]) -> None:
     add("--max-logprobs", type=int, default=20, help="the most top_logprobs a request may ask")
 
 
+def _memory_options(add: Callable[..., object]) -> None:
+    """KV memory, the prefix cache and preemption (``backends/sim/kvcache.py``)."""
+    add(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        help="KV memory of a standard server on this card, in tokens; a speculative server "
+        "with a draft model keeps 1 - --draft-kv-share of it. Short of blocks, requests wait "
+        "and the newest running one is preempted (recomputed later). Default: every seat "
+        "holds a --max-model-len sequence, so memory never binds",
+    )
+    add(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV blocks outright (vLLM's flag); overrides --kv-cache-tokens and the draft's share",
+    )
+    add("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    add(
+        "--draft-kv-share",
+        type=float,
+        default=DEFAULT_DRAFT_KV_SHARE,
+        help="share of --kv-cache-tokens a draft model's weights and KV take (method "
+        "draft_model; about 0.3 for a 0.6B draft beside a 32B target, less for an EAGLE head)",
+    )
+    add(
+        "--no-enable-prefix-caching",
+        action="store_false",
+        dest="enable_prefix_caching",
+        help="no prefix cache: every prompt is prefilled whole (vLLM's flag)",
+    )
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage.prompt_tokens_details.cached_tokens on chat and completions, and "
+        "cache_read_input_tokens on Messages, when the prompt hit the cache (vLLM's flag; "
+        "Responses always report input_tokens_details.cached_tokens)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     faults = Faults(
         error_rate=args.error_rate,
@@ -217,18 +282,19 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         hang_rate=args.hang_rate,
         overloaded=args.overloaded,
     )
+    models = tuple(args.models or ("qwen3-32b",))
     return SimConfig(
         mode=Mode(args.mode),
         k=args.k,
         method=Method(args.method),
-        served_model_names=tuple(args.models or ("qwen3-32b",)),
+        served_model_names=models,
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         stream_cost_s=args.stream_cost_us / 1e6,
         time_scale=args.time_scale,
         zero_latency=args.zero_latency,
-        cost=args.cost_model,
+        cost=cost_for(args.cost_model, models[0]),
         drift=parse_drift(args.drift),
         faults=faults,
         report_spec_metrics=not args.no_spec_metrics,
@@ -242,7 +308,28 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         acceptance_rate_threshold=args.acceptance_rate_threshold,
         acceptance_rate_window_size=args.acceptance_rate_window_size,
         prometheus=args.prometheus,
+        kv_cache_tokens=args.kv_cache_tokens,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        block_size=args.block_size,
+        draft_kv_share=args.draft_kv_share,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        root=args.root,
+        default_temperature=generation_temperature(args.root),
     )
+
+
+def generation_temperature(root: str | None) -> float | None:
+    """The temperature of ``root``'s ``generation_config.json``, where ``root`` is a
+    directory holding one that sets it (vLLM's ``--generation-config auto``)."""
+    if not root:
+        return None
+    try:
+        config = json.loads((Path(root) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("temperature") if isinstance(config, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def run(args: argparse.Namespace) -> int:

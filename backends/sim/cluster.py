@@ -10,8 +10,11 @@ their stream open). So a caller can make each routing decision at a request's ar
 the outcomes that finished before it, as a gateway does. ``outstanding`` and each
 request's mean load are what a gateway in front would see: requests sent to the endpoint
 and not yet finished (running or waiting). Each endpoint runs its ``SimConfig``'s engine
-whole: chunked prefill within ``max_num_batched_tokens``, and outputs merged when the API
-server's ``stream_cost_s`` outruns the step (``backends/sim/engine.py``).
+whole: chunked prefill within ``max_num_batched_tokens``, outputs merged when the API
+server's ``stream_cost_s`` outruns the step, and its KV memory and prefix cache (a request
+resent with a longer conversation prefills only what the endpoint has not cached; short of
+blocks, requests wait or are preempted; ``backends/sim/engine.py``). Requests are cached
+under their prompts only: the replay's bodies carry their own history.
 
 Pure: no I/O, no clock reads, no global random state.
 """
@@ -26,7 +29,8 @@ from backends.sim.config import SimConfig
 from backends.sim.engine import Scheduler, Step
 from backends.sim.engine import Sequence as Seq
 from backends.sim.model import build_profile
-from backends.sim.workload import Workload
+from backends.sim.prefix import prompt_hashes
+from backends.sim.workload import Workload, estimate_prompt_tokens
 
 
 @dataclass(slots=True)
@@ -38,6 +42,9 @@ class Served:
     i.e. SSE content chunks at ``--stream-interval 1`` (one per engine step that gave it
     tokens unless outputs merged under load); ``first`` and ``last`` are when the first and
     the last of them came. ``steps`` counts the engine steps that gave it tokens.
+    ``cached_tokens`` are the prompt tokens the endpoint's prefix cache held when it was
+    admitted (vLLM's ``cached_tokens``); ``preemptions`` the times it was sent back to the
+    queue for want of KV blocks.
     """
 
     key: int
@@ -60,6 +67,8 @@ class Served:
     finish_reason: str = ""
     load: float = 1.0
     area_at_arrival: float = 0.0
+    cached_tokens: int = 0
+    preemptions: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -74,6 +83,7 @@ class _Endpoint:
     area: float = 0.0
     area_t: float = 0.0
     submitted: int = 0
+    busy_s: float = 0.0  # engine-seconds stepped
     served: dict[int, Served] = field(default_factory=dict)  # id(seq) -> record
 
     def integrate(self, now: float) -> None:
@@ -114,16 +124,54 @@ class Cluster:
         running and waiting gauges say)."""
         return {e.name: e.outstanding for group in self._pools.values() for e in group}
 
+    def usage(self, now: float) -> dict[str, tuple[float, float]]:
+        """Per endpoint: the engine-seconds it has stepped (its GPU busy, prefill and decode)
+        and its requests outstanding integrated over time, both up to ``now``."""
+        out = {}
+        for group in self._pools.values():
+            for e in group:
+                e.integrate(max(now, e.area_t))
+                out[e.name] = (e.busy_s, e.area)
+        return out
+
     def outstanding(self, pool: str) -> list[int]:
         """Requests sent to each endpoint of ``pool`` and not yet finished."""
         return [e.outstanding for e in self._pools[pool]]
 
+    def cached_tokens(self, pool: str, body: Mapping[str, object]) -> dict[str, int]:
+        """Tokens of ``body``'s prompt each endpoint of ``pool`` holds in its prefix cache
+        now, by endpoint name (what a router that knew every cache would see)."""
+        out = {}
+        hashed: dict[int, tuple[int, ...]] = {}  # by block size: hashed once
+        for e in self._pools[pool]:
+            config, kv = e.config, e.scheduler.kv
+            if kv is None or not config.enable_prefix_caching:
+                out[e.name] = 0
+                continue
+            size = config.block_size
+            hashes = hashed.get(size)
+            if hashes is None:
+                hashes = hashed[size] = prompt_hashes(body, size)
+            out[e.name] = kv.cached_prefix(hashes, estimate_prompt_tokens(body))
+        return out
+
     def submit(
-        self, key: int, pool: str, body: Mapping[str, object], at: float, max_tokens: int
+        self,
+        key: int,
+        pool: str,
+        body: Mapping[str, object],
+        at: float,
+        max_tokens: int,
+        endpoint_name: str | None = None,
     ) -> str:
-        """Send a request to the least loaded endpoint of ``pool`` at virtual second ``at``
-        (never earlier than an event already run); returns the endpoint's name."""
-        endpoint = min(self._pools[pool], key=lambda e: e.outstanding)
+        """Send a request to the endpoint ``endpoint_name`` of ``pool`` (None: the least
+        loaded) at virtual second ``at`` (never earlier than an event already run); returns
+        the endpoint's name."""
+        endpoints = self._pools[pool]
+        if endpoint_name is None:
+            endpoint = min(endpoints, key=lambda e: e.outstanding)
+        else:
+            endpoint = next(e for e in endpoints if e.name == endpoint_name)
         config = endpoint.config
         profile = build_profile(
             body,
@@ -135,7 +183,8 @@ class Cluster:
             drift=config.drift,
         )
         endpoint.submitted += 1
-        seq = Seq(profile, config.k)
+        hashes = prompt_hashes(body, config.block_size) if config.enable_prefix_caching else ()
+        seq = Seq(profile, config.k, hashes=hashes)
         endpoint.integrate(at)
         endpoint.outstanding += 1
         endpoint.served[id(seq)] = Served(
@@ -193,6 +242,8 @@ class Cluster:
         record.num_spec_steps = tally.num_spec_steps
         record.num_draft_tokens = tally.num_draft_tokens
         record.num_accepted_draft_tokens = tally.num_accepted_draft_tokens
+        record.cached_tokens = max(seq.cached, 0)
+        record.preemptions = seq.preemptions
         record.done = now
         span = now - record.arrival
         record.load = (endpoint.area - record.area_at_arrival) / span if span > 0 else 1.0
@@ -201,6 +252,7 @@ class Cluster:
     def _start(self, endpoint: _Endpoint, at: float) -> None:
         step = endpoint.scheduler.step()
         endpoint.step = step
+        endpoint.busy_s += step.seconds
         endpoint.busy_until = at + step.seconds
         self._tiebreak += 1
         heapq.heappush(self._busy, (endpoint.busy_until, self._tiebreak, endpoint))

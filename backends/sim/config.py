@@ -20,8 +20,16 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # The API server's output processing per request and engine step, in microseconds (see
 # SimConfig): vLLM 0.32's API server process spent a median 208 us of CPU per streamed chat
 # output (148-252 us over 9 rounds) on this project's 2-core machine (bench/RESULTS.md,
-# "Simulator: chunked prefill and merged chunks"; bench/vllm_stream_cost.py).
+# "vLLM's output processing"; bench/vllm_stream_cost.py).
 DEFAULT_STREAM_COST_US = 200.0
+# vLLM's block size on GPUs (--block-size): tokens per KV block and per prefix-cache hash.
+DEFAULT_BLOCK_SIZE = 16
+# The share of a card's KV memory that a draft model takes on a speculative server (its
+# weights and its own KV for every token): a small draft such as an EAGLE head or a ~1B model
+# beside a 32B target. A separate 0.6B draft model beside Qwen3-32B keeps about 0.44 KV
+# bytes per token for each of the target's (28 against 64 layers, both 8 KV heads of 128):
+# a share near 0.3. An n-gram proposer takes none.
+DEFAULT_DRAFT_KV_SHARE = 0.1
 
 
 class Mode(StrEnum):
@@ -99,6 +107,11 @@ class SimConfig:
     TensorRT-LLM's gate: once ``acceptance_rate_window_size`` requests have finished, a
     rolling draft acceptance below ``acceptance_rate_threshold`` turns speculation off for
     good. ``prometheus=False`` is a TensorRT-LLM server without ``/prometheus/metrics``.
+    ``root`` is what ``/v1/models`` shows as each card's ``root``, as vLLM shows its
+    ``--model`` (a directory or a Hugging Face id): ``speclane init`` reads the model's
+    ``generation_config.json`` from there (default: ``<first name>/target``). Its
+    temperature, as ``default_temperature``, is what a request without one is sampled at,
+    as vLLM's ``--generation-config auto`` does (None: 1.0).
     """
 
     mode: Mode = Mode.SPECULATIVE
@@ -126,6 +139,14 @@ class SimConfig:
     acceptance_rate_threshold: float | None = None
     acceptance_rate_window_size: int = 0
     prometheus: bool = True
+    kv_cache_tokens: int | None = None
+    num_gpu_blocks_override: int | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    draft_kv_share: float = DEFAULT_DRAFT_KV_SHARE
+    enable_prefix_caching: bool = True
+    enable_prompt_tokens_details: bool = False
+    root: str | None = None  # /v1/models' root: vLLM's --model (a path or a Hub id)
+    default_temperature: float | None = None  # the model's generation_config.json says
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -149,6 +170,36 @@ class SimConfig:
             and self.max_num_batched_tokens < 2
         ):
             raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
+        self._check_kv()
+
+    def _check_kv(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        if not 0.0 <= self.draft_kv_share < 1.0:
+            raise ValueError(f"draft_kv_share must be in [0, 1), got {self.draft_kv_share}")
+        for name in ("kv_cache_tokens", "num_gpu_blocks_override"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        needed = self.max_model_len + self.k
+        if self.kv_blocks * self.block_size < needed:
+            raise ValueError(
+                f"the KV cache holds {self.kv_blocks * self.block_size} tokens, fewer than "
+                f"one sequence of max_model_len ({self.max_model_len}) and its {self.k} "
+                "lookahead tokens need: raise --kv-cache-tokens or lower --max-model-len"
+            )
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks this server has (see the class docstring)."""
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
+        if self.kv_cache_tokens is None:
+            return self.max_num_seqs * -(-(self.max_model_len + self.k) // self.block_size)
+        tokens = self.kv_cache_tokens
+        if self.speculative and self.method is Method.DRAFT_MODEL:
+            tokens = int(tokens * (1.0 - self.draft_kv_share))
+        return tokens // self.block_size
 
     @property
     def speculative(self) -> bool:

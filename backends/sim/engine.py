@@ -14,6 +14,17 @@ chunk that does not finish the prompt gives no token). ``Engine`` drives it in r
 through an injected clock and sleep; ``backends/sim/cluster.py`` and
 ``backends/sim/virtual.py`` drive the same scheduler in virtual time.
 
+KV memory (``backends/sim/kvcache.py``), as vLLM V1's scheduler keeps it: a sequence is
+admitted only when the blocks of its cached prefix and its first chunk fit, and it starts
+past its cached prefix (only the rest is prefilled and priced); every step a running
+sequence first takes the blocks its chunk or its token and lookahead (k drafts) need, and
+when none are left the newest running sequence is preempted (blocks freed, back to the head
+of the queue, to compute its prompt and answer so far again: vLLM's recompute preemption,
+whose last step gives one token and no drafts); a step that preempted admits nobody, and
+admission stops at the first waiting sequence that does not fit. Computed blocks are hashed
+into the prefix cache as they fill; a finished, cancelled or preempted sequence releases its
+blocks.
+
 Each step also says what the API server hands each request (``Step.outputs``): one output
 per step and request, unless processing them takes longer than the step. With
 ``stream_cost_s`` seconds of output processing per request and step, a step of ``n``
@@ -35,6 +46,11 @@ Either way accepted tokens are counted before the answer's length cuts the emitt
 the first token (from prefill) is never a speculative step.
 
 Must not: read the clock or global random state (time and randomness come in), know HTTP.
+
+Why one module past 600 lines: the scheduler's admission, chunked prefill, KV blocks and
+preemption decide together, in one step, which sequences run; the cache itself
+(``kvcache.py``), the prompt's block hashes (``prefix.py``) and the cost model
+(``model.py``) live apart.
 """
 
 from __future__ import annotations
@@ -50,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from backends.sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SimConfig
+from backends.sim.kvcache import BlockTable, KVCache
 from backends.sim.model import CostModel, Method, RequestProfile, StepCost, sample_accepted
 
 logger = logging.getLogger(__name__)
@@ -118,6 +135,7 @@ class EngineCounters:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, found in the prefix cache
     generation_tokens: int = 0
     steps: int = 0
 
@@ -151,8 +169,12 @@ class Timestamps:
 class Sequence:
     """One request inside the engine; mutable, owned by the scheduler while it runs.
 
-    ``prefilled`` counts the prompt tokens computed so far; ``steps`` the steps that gave it
-    tokens (the one that finished its prefill and each decode step).
+    ``prefilled`` counts the prompt tokens computed so far (after a preemption: the tokens
+    of ``refill``, its prompt and answer so far, that it computed again); ``steps`` the steps
+    that gave it tokens (the one that finished its prefill and each decode step).
+    ``blocks`` is its share of the KV memory (``hashes``: its content's block hashes,
+    ``backends/sim/prefix.py``); ``cached`` the prompt tokens its first admission found in
+    the prefix cache (-1: not admitted yet), what vLLM reports as ``cached_tokens``.
     """
 
     profile: RequestProfile
@@ -168,10 +190,35 @@ class Sequence:
     times: Timestamps = field(default_factory=lambda: Timestamps())
     held: StepEvent | None = None  # outputs the API server has not handed over yet
     held_steps: int = 0
+    hashes: tuple[int, ...] = ()
+    blocks: BlockTable = field(init=False)
+    cached: int = -1
+    refill: int = 0  # tokens to compute again after a preemption (0: none)
+    preemptions: int = 0
 
     def __post_init__(self) -> None:
         self.tally = SpecTally(self.k)
         self.rng = self.profile.rng("steps")
+        self.blocks = BlockTable(self.hashes)
+
+    @property
+    def in_prefill(self) -> bool:
+        """Whether its next step computes context (its prompt, or again after a preemption)
+        rather than decoding."""
+        return self.emitted == 0 or self.refill > 0
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose KV it holds: its prefill's progress, else its prompt and every
+        answer token but the last sampled one."""
+        if self.in_prefill:
+            return self.prefilled
+        return self.profile.prompt_tokens + self.emitted - 1
+
+    @property
+    def target(self) -> int:
+        """Tokens its (re)prefill computes before it samples again."""
+        return self.refill or self.profile.prompt_tokens
 
 
 Scheduled = tuple[tuple[Sequence, StepEvent], ...]
@@ -185,7 +232,8 @@ class Step:
     its prompt: no tokens); ``outputs`` what the API server hands each request after this
     step, merged per ``merge`` (1: each request's tokens of this step, as they came);
     ``admitted`` the sequences this step took from the queue; ``prefill_tokens`` the prompt
-    tokens it computed.
+    tokens it computed (cached ones not); ``preempted`` the sequences it sent back to the
+    queue for want of KV blocks.
     """
 
     seconds: float
@@ -194,6 +242,18 @@ class Step:
     admitted: tuple[Sequence, ...]
     prefill_tokens: int
     merge: int
+    preempted: tuple[Sequence, ...] = ()
+
+
+def _too_long(seq: Sequence, tokens: int, kv: KVCache) -> RuntimeError:
+    """A sequence that does not fit in the whole KV cache alone: it would wait forever (a
+    server refuses such a request first: its prompt and answer fit ``max_model_len``, and
+    ``SimConfig`` keeps the cache above that)."""
+    return RuntimeError(
+        f"a request of {seq.profile.prompt_tokens} prompt and {seq.profile.output_tokens} "
+        f"answer tokens needs {tokens} tokens of KV at once, more than the cache's "
+        f"{kv.num_blocks * kv.block_size}: raise kv_cache_tokens"
+    )
 
 
 def merge_factor(outputs: int, seconds: float, cost_s: float) -> int:
@@ -220,7 +280,8 @@ class Scheduler:
     ``max_num_batched_tokens`` is vLLM's per-step token budget. On a draft-model server each
     scheduled sequence also takes one slot of it for the draft model's input, as in vLLM
     (``draft_slots``). ``stream_cost_s`` is the API server's output processing per request
-    and step (0: every step's output goes at once).
+    and step (0: every step's output goes at once). ``kv`` is the KV memory and prefix cache
+    (``backends/sim/kvcache.py``; None: memory without bound and no cache).
     """
 
     def __init__(
@@ -233,6 +294,7 @@ class Scheduler:
         method: Method = Method.DRAFT_MODEL,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         stream_cost_s: float = 0.0,
+        kv: KVCache | None = None,
     ) -> None:
         self.speculative = speculative
         self.k = k
@@ -243,6 +305,7 @@ class Scheduler:
         if max_num_batched_tokens <= 1:
             raise ValueError("max_num_batched_tokens must leave room beside a draft slot")
         self.cost: StepCost = cost or CostModel()
+        self.kv = kv
         self.counters = EngineCounters(k)
         # told of every step and its prefill tokens (engines' iteration stats are built on it)
         self.on_step: Callable[[Step, int], None] | None = None
@@ -261,6 +324,11 @@ class Scheduler:
             method=config.method,
             max_num_batched_tokens=config.max_num_batched_tokens,
             stream_cost_s=config.stream_cost_s,
+            kv=KVCache(
+                config.kv_blocks,
+                block_size=config.block_size,
+                caching=config.enable_prefix_caching,
+            ),
         )
 
     @property
@@ -291,14 +359,16 @@ class Scheduler:
             seq.held = None
         if seq in self._running:
             self._running.remove(seq)
+            self._release(seq)
         elif seq in self._waiting:
             self._waiting.remove(seq)
 
     def advance(self, seq: Sequence, budget: int | None = None) -> tuple[StepEvent, int]:
         """One step of one sequence within ``budget`` tokens (None: no limit): a chunk of its
-        prompt (the first token once the prompt is done) or one decode step. Returns the
-        event and the tokens it took from the budget."""
-        if seq.emitted == 0:
+        prompt (the first token once the prompt is done), a chunk of what a preemption made
+        it compute again (a token once that is done), or one decode step. Returns the event
+        and the tokens it took from the budget."""
+        if seq.in_prefill:
             return self._prefill(seq, budget)
         drafted = accepted = 0
         if self.speculative:
@@ -313,14 +383,18 @@ class Scheduler:
         return self._emit(seq, accepted + 1, drafted, accepted), 1 + drafted
 
     def _prefill(self, seq: Sequence, budget: int | None) -> tuple[StepEvent, int]:
-        prompt = seq.profile.prompt_tokens
-        chunk = prompt - seq.prefilled
+        target = seq.target
+        chunk = target - seq.prefilled
         if budget is not None:
             chunk = min(chunk, budget)
         seq.prefilled += chunk
-        if seq.prefilled < prompt:
+        if seq.prefilled < target:
             return StepEvent(0, 0, 0, 0, False), chunk
-        self.counters.prompt_tokens += prompt
+        if seq.refill:
+            seq.refill = 0
+        else:
+            self.counters.prompt_tokens += target
+            self.counters.cached_prompt_tokens += max(seq.cached, 0)
         return self._emit(seq, 1, 0, 0), chunk
 
     def _emit(self, seq: Sequence, tokens: int, drafted: int, accepted: int) -> StepEvent:
@@ -344,36 +418,109 @@ class Scheduler:
             return 0
         return min(self.k, seq.rng.randint(1, _NGRAM_SPAN * self.k))
 
-    def _schedule(self) -> tuple[list[tuple[Sequence, StepEvent]], list[Sequence], int]:
-        """Run the running sequences, then admit waiting ones, within the token budget;
-        the events, the admitted sequences and the prompt tokens computed."""
-        budget, slots = self.max_num_batched_tokens, self.draft_slots
+    def _needs(self, seq: Sequence, budget: int) -> int:
+        """Tokens whose KV ``seq`` needs by the end of its step within ``budget``: its next
+        prefill chunk, or its next token and the drafts it may verify (vLLM's lookahead)."""
+        if seq.in_prefill:
+            return seq.prefilled + min(seq.target - seq.prefilled, budget)
+        lookahead = self.k if self.speculative else 0
+        return seq.profile.prompt_tokens + seq.emitted + lookahead
+
+    def _preempt(self) -> Sequence:
+        """Send the newest running sequence back to the head of the queue, its blocks freed:
+        it computes its prompt and answer so far again when it comes back (vLLM V1's
+        recompute preemption)."""
+        seq = self._running.pop()
+        self._release(seq)
+        seq.preemptions += 1
+        if self.kv is not None:
+            self.kv.stats.preemptions += 1
+        if seq.emitted:
+            seq.refill = seq.profile.prompt_tokens + seq.emitted
+        seq.prefilled = 0
+        self._waiting.appendleft(seq)
+        return seq
+
+    def _release(self, seq: Sequence) -> None:
+        if self.kv is not None:
+            self.kv.commit(seq.blocks, seq.computed)
+            self.kv.release(seq.blocks)
+
+    def _admit(self, seq: Sequence, budget: int) -> bool:
+        """Take ``seq`` from the queue if memory holds its cached prefix and first chunk."""
+        if self.kv is None:
+            seq.cached = max(seq.cached, 0)
+            return True
+        cached = self.kv.start(seq.blocks, seq.target, budget, count=not seq.preemptions)
+        if cached is None:
+            return False
+        seq.prefilled = cached
+        if seq.cached < 0:
+            seq.cached = cached
+        return True
+
+    def _schedule(
+        self,
+    ) -> tuple[list[tuple[Sequence, StepEvent]], list[Sequence], int, list[Sequence]]:
+        """Run the running sequences, then admit waiting ones, within the token budget and
+        the KV memory; the events, the admitted and preempted sequences and the prompt
+        tokens computed. A running sequence that finds no block for its step preempts the
+        newest running one (itself, last); a step that preempted admits nothing, and
+        admission stops at the first waiting sequence memory cannot hold, as in vLLM V1."""
+        budget, slots, kv = self.max_num_batched_tokens, self.draft_slots, self.kv
         events: list[tuple[Sequence, StepEvent]] = []
+        preempted: list[Sequence] = []
         prefill = 0
-        for seq in self._running:
-            if budget <= slots:
-                break
-            in_prefill = seq.emitted == 0
+        index = 0
+        while index < len(self._running) and budget > slots:
+            seq = self._running[index]
+            if kv is not None:
+                need = self._needs(seq, budget - slots)
+                while not kv.grow(seq.blocks, need) and seq in self._running:
+                    preempted.append(self._preempt())
+                if seq in preempted:
+                    if not self._running:
+                        raise _too_long(seq, need, kv)
+                    break
+            in_prefill = seq.in_prefill
             event, used = self.advance(seq, budget - slots)
             prefill += used if in_prefill else 0
             budget -= used + slots
             events.append((seq, event))
+            index += 1
         admitted = []
-        while self._waiting and budget > slots and len(self._running) < self.max_num_seqs:
-            seq = self._waiting.popleft()
+        while (
+            not preempted
+            and self._waiting
+            and budget > slots
+            and len(self._running) < self.max_num_seqs
+        ):
+            seq = self._waiting[0]
+            if not self._admit(seq, budget - slots):
+                if not self._running and kv is not None:
+                    raise _too_long(seq, seq.target, kv)
+                break
+            self._waiting.popleft()
             self._running.append(seq)
             admitted.append(seq)
             event, used = self.advance(seq, budget - slots)
             prefill += used
             budget -= used + slots
             events.append((seq, event))
-        return events, admitted, prefill
+        if kv is not None:
+            for seq, _ in events:
+                kv.commit(seq.blocks, seq.computed)
+        return events, admitted, prefill, preempted
 
     def step(self) -> Step:
         """Schedule one step within the budget, advance what it scheduled, and price it."""
-        scheduled, admitted, prefill_tokens = self._schedule()
+        scheduled, admitted, prefill_tokens, preempted = self._schedule()
         events = tuple(scheduled)
-        self._running = [seq for seq in self._running if not seq.finished]
+        if any(e.finished for _, e in events):
+            for seq, e in events:
+                if e.finished:
+                    self._release(seq)
+            self._running = [seq for seq in self._running if not seq.finished]
         self.counters.steps += 1
         # The target verifies each decoding sequence's token plus its drafts, and (on a GPU)
         # reads what each has cached; a draft model runs k passes over the sequences it
@@ -401,7 +548,9 @@ class Scheduler:
             outputs = events  # the usual case: every request gets its step's tokens at once
         else:
             outputs = self._deliver(events, merge)
-        step = Step(seconds, events, outputs, tuple(admitted), prefill_tokens, merge)
+        step = Step(
+            seconds, events, outputs, tuple(admitted), prefill_tokens, merge, tuple(preempted)
+        )
         if self.on_step is not None:
             self.on_step(step, prefill_tokens)
         return step
@@ -427,10 +576,19 @@ class Scheduler:
         return tuple(out)
 
     def run_alone(self, seq: Sequence) -> list[StepEvent]:
-        """Every step of one sequence at once, outside the batch (zero-latency mode)."""
+        """Every step of one sequence at once, outside the batch (zero-latency mode): its
+        prefix is looked up and its blocks cached as in the batch, memory permitting."""
+        kv = self.kv
+        cached = kv.start(seq.blocks, seq.target, None) if kv is not None else None
+        seq.prefilled = cached or 0
+        if seq.cached < 0:
+            seq.cached = cached or 0
         events = []
         while not seq.finished:
             events.append(self.advance(seq)[0])
+        if cached is not None and kv is not None:
+            kv.grow(seq.blocks, seq.computed)
+            self._release(seq)
         return events
 
 
@@ -483,7 +641,7 @@ class Engine:
             await self._sleep(max(delay, 0.0))
             ended = self._clock()
             for seq in step.admitted:
-                seq.times.scheduled = began
+                seq.times.scheduled = seq.times.scheduled or began
             for seq, event in step.events:
                 if event.tokens:
                     if event.start == 0:

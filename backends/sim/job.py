@@ -41,6 +41,14 @@ class Job:
     answer: Answer
     choices: list[Choice]
     closed: bool = field(default=False)
+    show_cached: bool = False  # usage reports prefix-cache hits
+
+    @property
+    def cached(self) -> int | None:
+        """Prompt tokens the request found in the prefix cache, when its usage shows them
+        (vLLM counts them once per request: its first choice's admission)."""
+        found = self.choices[0].seq.cached
+        return found if self.show_cached and found > 0 else None
 
     @property
     def single(self) -> Choice | None:

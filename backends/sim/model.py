@@ -59,8 +59,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Protocol
@@ -381,6 +382,45 @@ GPU_32B = GpuCostModel(
     kv_min_seqs=15.75,
     source=GPU_H200.replace("Llama-3-8B-shaped target", "Qwen2.5-32B-shaped target"),
 )
+
+
+def scaled_draft(cost: StepCost, scale: float) -> StepCost:
+    """``cost`` with every part of its draft pass times ``scale`` (a lighter draft than the
+    measured 1B model, such as an EAGLE-style head of one layer: below 1)."""
+    if scale == 1.0:
+        return cost
+    if isinstance(cost, CostModel):
+        return replace(
+            cost,
+            draft_fixed_s=cost.draft_fixed_s * scale,
+            draft_per_seq_s=cost.draft_per_seq_s * scale,
+        )
+    if isinstance(cost, GpuCostModel):
+        return replace(
+            cost,
+            draft_floor_s=cost.draft_floor_s * scale,
+            draft_low_per_token_s=cost.draft_low_per_token_s * scale,
+            draft_per_token_s=cost.draft_per_token_s * scale,
+            draft_kv_per_token_s=cost.draft_kv_per_token_s * scale,
+        )
+    return cost
+
+
+MEASURED_SIZES_B = (8.0, 32.0)  # the targets measured on the H200 (billions of parameters)
+
+
+def measured_for(model: str) -> GpuCostModel:
+    """The measured curve nearest the size a served model's name says (``qwen3-32b``: the
+    32B target, ``llama-3-8b``: the 8B; in log scale, so 16B and above read as 32B), the 8B
+    one when the name says none. The simulator's, replay's and the demo's default."""
+    sizes = [
+        float(m) for m in re.findall(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)b(?![a-z])", model.lower())
+    ]
+    if not sizes:
+        return GpuCostModel()
+    size = max(sizes)
+    nearest = min(MEASURED_SIZES_B, key=lambda m: abs(math.log(size / m)) if size > 0 else m)
+    return GPU_32B if nearest == 32.0 else GpuCostModel()
 
 
 def _gpu_seconds(

@@ -71,7 +71,7 @@ class OtherRoutes:
         if model is None:
             return names[0]
         if model not in names:
-            message = f"The model `{model}` does not exist."
+            message = f"The model `{model}` does not exist. Valid aliases: {', '.join(names)}."
             raise SimHTTPError(404, message, "NotFoundError", "model")
         assert isinstance(model, str)
         return model
@@ -120,7 +120,8 @@ async def not_found(request: Request, exc: Exception) -> Response:
     """vLLM's (FastAPI's) answer for a path it does not serve, or a method it lacks."""
     assert isinstance(exc, HTTPException)
     detail = _DETAIL.get(exc.status_code, exc.detail)
-    return Response(orjson.dumps({"detail": detail}), exc.status_code, media_type=_JSON)
+    body = orjson.dumps({"detail": detail})
+    return Response(body, exc.status_code, exc.headers, media_type=_JSON)  # 405: its Allow
 
 
 def _json(value: object) -> Response:

@@ -175,7 +175,7 @@ def invalid(message: str, parameter: str | None = None, value: object = None) ->
     return Invalid(text, parameter)
 
 
-def validated(model: type[ChatRequest | CompletionRequest], body: dict[str, Any]) -> Any:
+def validated(model: type[BaseModel], body: dict[str, Any]) -> Any:
     """``body`` as ``model``, or ``Invalid`` with vLLM's rendering of every type error."""
     try:
         return model.model_validate(body)

@@ -9,7 +9,7 @@ Pure: no I/O, no clock (``created`` comes in), no knowledge of the engine's stat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -53,12 +53,24 @@ def spec_metrics(tally: SpecTally, *, per_step: bool) -> Json:
     return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Json:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> Json:
+    """A usage object; ``cached`` (prompt tokens found in the prefix cache) adds
+    ``prompt_tokens_details`` as vLLM does with ``--enable-prompt-tokens-details``."""
+    out: Json = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+def cached_of(used: Mapping[str, Any]) -> int:
+    """The cached prompt tokens a usage object reports (0: none or not reported)."""
+    details = used.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return value if isinstance(value, int) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,13 +206,17 @@ class ChunkWriter:
         return self._head + value + b"," + orjson.dumps(tail)[1:] + closing + b"}\n\n"
 
     def usage(
-        self, completion_tokens: int, tally: SpecTally | None, timings: Timings | None = None
+        self,
+        completion_tokens: int,
+        tally: SpecTally | None,
+        timings: Timings | None = None,
+        cached: int | None = None,
     ) -> bytes:
         """The final chunk of an ``include_usage`` stream: no choices, usage and metrics (only
         their non-null fields, as vLLM leaves nulls out of streamed chunks)."""
         body = orjson.loads(self._envelope + b"}")
         body["choices"] = []
-        body["usage"] = usage(self.answer.prompt_tokens, completion_tokens)
+        body["usage"] = usage(self.answer.prompt_tokens, completion_tokens, cached)
         body["system_fingerprint"] = FINGERPRINT
         metrics = _metrics(tally, timings, per_step=False)
         if metrics is not None:
@@ -294,9 +310,10 @@ def whole_body(
     completion_tokens: int,
     tally: SpecTally | None,
     timings: Timings | None = None,
+    cached: int | None = None,
 ) -> bytes:
     """The non-streaming answer (``chat.completion`` or ``text_completion``), one choice
-    per ending."""
+    per ending; ``cached`` as for ``usage``."""
     asked = answer.prompt_logprobs
     prompt = prompt_logprobs(answer.prompt_ids, asked) if asked is not None else None
     prompt_ids = list(answer.prompt_ids) if answer.token_ids else None
@@ -309,7 +326,10 @@ def whole_body(
         "service_tier": None,
         "system_fingerprint": FINGERPRINT,
         "usage": usage(answer.prompt_tokens, completion_tokens)
-        | {"prompt_tokens_details": None, "completion_tokens_details": None},
+        | {
+            "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
+            "completion_tokens_details": None,
+        },
     }
     if answer.chat:
         body.update(prompt_logprobs=prompt, prompt_token_ids=prompt_ids, prompt_text=None)

@@ -3,6 +3,11 @@ judge it: every ``type`` a JSON type, ``properties`` an object of schemas, ``ite
 ``required`` a list of names, ``enum`` a non-empty list. The simulator uses it to fail a
 request the way vLLM does when its grammar backend refuses the schema.
 
+``never_ends`` finds what vLLM 0.32 lets through and then cannot run: a schema that is a
+chain of local ``$ref`` coming back on itself (``{"$ref": "#/$defs/n", "$defs": {"n":
+{"$ref": "#/$defs/n"}}}``) describes no value at all; xgrammar compiles it, and the engine
+kills the request at its first token, answering 500 ``InternalServerError``.
+
 Pure: no I/O, no clock.
 """
 
@@ -50,3 +55,31 @@ def _children(schema: Mapping[str, object], where: str, depth: int) -> str | Non
     if "items" in schema:
         return schema_problem(schema["items"], f"{where}/items", depth + 1)
     return None
+
+
+# the keys beside ``$ref`` that constrain nothing
+_ANNOTATIONS = frozenset(("$ref", "$defs", "definitions", "$schema", "$id", "title", "description"))
+
+
+def never_ends(schema: object) -> bool:
+    """Whether ``schema`` is a chain of local ``$ref`` (each node nothing but a reference)
+    that comes back to a node it passed: no value matches it."""
+    seen: set[str] = set()
+    node = schema
+    while isinstance(node, Mapping) and isinstance(ref := node.get("$ref"), str):
+        if not _ANNOTATIONS.issuperset(node) or ref in seen:
+            return ref in seen
+        seen.add(ref)
+        node = _pointed(schema, ref)
+    return False
+
+
+def _pointed(root: object, ref: str) -> object:
+    """The node a local ``$ref`` (``#`` or ``#/a/b``) names in ``root``; None if none."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        key = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node

@@ -15,7 +15,8 @@ app-owned registry), ``GET /version`` (vLLM-shaped engines), ``GET /server_info`
 
 Beside generation: ``other_routes.py`` (tokenize, detokenize, embeddings,
 ``GET /v1/models/{id}``, vLLM's 404 for other paths) and ``stored.py`` (stored Responses API
-responses: ``GET``/``DELETE /v1/responses/{id}``, cancel; ``app.state.stored``).
+responses: ``GET /v1/responses/{id}``, cancel, and vLLM's 405 for ``DELETE``;
+``app.state.stored``).
 
 Must not: keep module-level state or use the global Prometheus registry; wiring only.
 """
@@ -48,6 +49,7 @@ from backends.sim.engine_pages import (
     sglang_server_info,
     trtllm_families,
 )
+from backends.sim.kvcache import KVCache
 from backends.sim.metrics import CONTENT_TYPE, build_registry, exposition, registry_of
 from backends.sim.other_routes import OtherRoutes, not_found
 from backends.sim.serving import SimServer
@@ -95,7 +97,7 @@ class _Admin:
             "object": "model",
             "created": created,
             "owned_by": _OWNERS[config.engine],
-            "root": f"{config.served_model_names[0]}/target",
+            "root": config.root or f"{config.served_model_names[0]}/target",
             "parent": None,
             "max_model_len": config.max_model_len,
             "permission": [_permission(name, created)],
@@ -195,7 +197,22 @@ class _Admin:
             "speculating": sim.scheduler.speculative,
             "speculation_off_at": sim.speculation_off_at,
             "traceparents": list(sim.traceparents),
+            "kv": _kv(sim.scheduler.kv),
         }
+
+
+def _kv(kv: KVCache | None) -> dict[str, Any] | None:
+    """The KV memory and prefix cache, for ``/sim/state``."""
+    if kv is None:
+        return None
+    return {
+        "blocks": kv.num_blocks,
+        "block_size": kv.block_size,
+        "used_blocks": kv.used_blocks,
+        "cached_blocks": kv.cached_blocks,
+        "usage": kv.usage,
+        "prefix_caching": kv.caching,
+    } | dataclasses.asdict(kv.stats)
 
 
 def _override(current: dict[Workload, float], change: Mapping[str, Any]) -> dict[Workload, float]:

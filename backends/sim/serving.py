@@ -47,6 +47,7 @@ from backends.sim.job import Choice, Job
 from backends.sim.logprobs import prompt_ids
 from backends.sim.model import base_acceptance, build_profile, draw
 from backends.sim.pacing import Chunker, Span, timings
+from backends.sim.prefix import answer_text, sequence_hashes
 from backends.sim.responses import DONE, Answer, ChunkWriter, Timings, whole_body
 from backends.sim.stored import Stored
 from backends.sim.text import TextBank
@@ -55,6 +56,7 @@ from backends.sim.workload import (
     Workload,
     estimate_prompt_tokens,
     prompt_text,
+    sampled,
     schema_properties,
     tool_parameters,
 )
@@ -65,6 +67,7 @@ class Outcomes:
     """What the server did with the requests it got (for ``/sim/state``)."""
 
     requests: int = 0
+    streamed: int = 0  # of the requests, those answered as a stream
     completed: int = 0
     cancelled: int = 0
     rejected: int = 0
@@ -182,7 +185,8 @@ class SimServer:
         return await self._generate(request, chat=False)
 
     async def messages(self, request: Request) -> Response:
-        return await self._generate(request, chat=True, api=MessagesApi())
+        api = MessagesApi(cache_read=self.config.enable_prompt_tokens_details)
+        return await self._generate(request, chat=True, api=api)
 
     async def responses(self, request: Request) -> Response:
         return await self._generate(
@@ -195,7 +199,8 @@ class SimServer:
         try:
             chat = api_messages.chat_request(await request.body(), count=True)
             if chat["model"] not in self.config.served_model_names:
-                message = f"The model `{chat['model']}` does not exist."
+                names = ", ".join(self.config.served_model_names)
+                message = f"The model `{chat['model']}` does not exist. Valid aliases: {names}."
                 raise SimHTTPError(404, message, "NotFoundError", "model")
         except SimHTTPError as err:
             body = api_messages.error_body(err)
@@ -231,6 +236,9 @@ class SimServer:
             body = err.body if api is None else api.error(err)
             return Response(body, err.status, media_type="application/json")
         job = self._job(ask, request.headers.get("x-request-id"))
+        self.outcomes.streamed += ask.stream
+        # an agent API's answer is converted from the chat one, which then carries the hits
+        job.show_cached = config.enable_prompt_tokens_details or api is not None
         if drawn.spike_s:
             await self._sleep(drawn.spike_s)
         if drawn.hang:
@@ -315,7 +323,7 @@ class SimServer:
     def _choice(self, ask: Ask, index: int, choice: int) -> Choice:
         config = self.config
         profile = build_profile(
-            ask.body,
+            sampled(ask.body, config.default_temperature),
             seed=config.seed,
             index=index,
             max_tokens=ask.max_tokens,
@@ -335,7 +343,12 @@ class SimServer:
         broken = draw(f"{profile.seed_key}:broken") / 2**64 < self.faults.broken_structure
         if structured and broken and tokens and profile.finish_reason != "length":
             tokens[-1] = " "  # the closing brace never comes: the answer does not parse
-        return Choice(choice, profile, tokens, Sequence(profile, config.k))
+        hashes = (
+            sequence_hashes(ask.body, config.block_size, answer_text(tokens))
+            if config.enable_prefix_caching
+            else ()
+        )
+        return Choice(choice, profile, tokens, Sequence(profile, config.k, hashes=hashes))
 
     @staticmethod
     def _prompt_ids(ask: Ask, count: int) -> tuple[int, ...]:
@@ -376,7 +389,7 @@ class SimServer:
     def _body(self, job: Job) -> bytes:
         endings = [c.ending() for c in job.choices]
         tally, times = self._tally(job), self._timings(job)
-        body = whole_body(job.answer, endings, job.completion_tokens, tally, times)
+        body = whole_body(job.answer, endings, job.completion_tokens, tally, times, job.cached)
         return dialects.whole(self.config.engine, body, _per_step(job), self._sglang_ext(job))
 
     async def _wait_body(self, job: Job, api: AgentApi | None = None) -> bytes:
@@ -487,7 +500,8 @@ class SimServer:
         if not job.ask.include_usage:
             return [*head, DONE]
         tally, times = self._tally(job), self._timings(job)
-        return [*head, writer.usage(job.completion_tokens, tally, times), DONE]
+        usage = writer.usage(job.completion_tokens, tally, times, job.cached)
+        return [*head, usage, DONE]
 
     def _sglang_ext(self, job: Job) -> tuple[int, int, int] | None:
         """SGLang's per-request counts, when asked (``return_spec_tokens_details``)."""

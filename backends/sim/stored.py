@@ -2,9 +2,12 @@
 of the server that made them, by id, and only there.
 
 ``store(id, body)`` keeps an answer (what ``POST /v1/responses`` with ``store`` does);
-``GET``/``DELETE /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel`` read, delete
-and cancel it, and an id the server does not hold gets vLLM's 404. One ``Stored`` per app
-(``app.state.stored``), at most ``limit`` answers, the oldest forgotten first.
+``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel`` read and cancel it, and an
+id the server does not hold gets vLLM's 404. Like vLLM 0.32, which has no route for it, the
+server answers ``DELETE /v1/responses/{id}`` 405 ``{"detail": "Method Not Allowed"}`` (with
+``Allow: GET``), whatever the id, and keeps the response: a conversation goes on from it.
+One ``Stored`` per app (``app.state.stored``), at most ``limit`` answers, the oldest
+forgotten first.
 """
 
 from __future__ import annotations
@@ -39,12 +42,9 @@ class Stored:
     def get(self, response_id: str) -> dict[str, Any] | None:
         return self._bodies.get(response_id)
 
-    def delete(self, response_id: str) -> bool:
-        return self._bodies.pop(response_id, None) is not None
-
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/responses/{response_id}", self._read, methods=["GET", "DELETE"]),
+            Route("/v1/responses/{response_id}", self._read, methods=["GET"]),
             Route("/v1/responses/{response_id}/cancel", self._cancel, methods=["POST"]),
         ]
 
@@ -53,10 +53,6 @@ class Stored:
         body = self.get(response_id)
         if body is None:
             return _not_found(response_id)
-        if request.method == "DELETE":
-            self.delete(response_id)
-            deleted = {"id": response_id, "object": "response.deleted", "deleted": True}
-            return Response(orjson.dumps(deleted), media_type=_JSON)
         return Response(orjson.dumps(body), media_type=_JSON)
 
     async def _cancel(self, request: Request) -> Response:

@@ -12,7 +12,9 @@ error body. The checks run in vLLM's order, each failing the way vLLM fails it:
 4. what vLLM checks only once the engine takes the request, after a streamed answer has
    started: more logprobs than ``--max-logprobs``, a JSON schema no grammar backend takes.
    These come back as ``Ask.deferred``: the server answers a stream with one error event
-   (status 200 already sent), a whole answer with the 400.
+   (status 200 already sent), a whole answer with the 400. A schema that is a ``$ref``
+   cycle passes every check and fails the same way as the engine's generation error, 500
+   ``InternalServerError`` (``schema_check.never_ends``).
 
 Pure: no I/O, no clock.
 """
@@ -37,7 +39,7 @@ from backends.sim.protocol import (
     validated,
 )
 from backends.sim.responses import error_body
-from backends.sim.schema_check import schema_problem
+from backends.sim.schema_check import never_ends, schema_problem
 from backends.sim.workload import estimate_prompt_tokens
 
 
@@ -58,21 +60,23 @@ class SimHTTPError(Exception):
         return json_dumps({"error": error | {"code": self.status}})
 
 
+class ModelRefused(SimHTTPError):
+    """What vLLM's request model (pydantic) refuses: answered by its validation handler, in
+    its OpenAI shape, on every route, Anthropic's Messages included."""
+
+
 def json_dumps(value: object) -> bytes:
     """``json.dumps`` as vLLM writes its stream errors: Python's spacing, ASCII escapes."""
     return json.dumps(value).encode()
 
 
 def json_object(body: bytes) -> dict[str, Any]:
-    """A Messages or Responses request body as its JSON object; ``SimHTTPError`` 400
-    (``invalid_request_error``) for invalid JSON or another JSON value."""
+    """A Messages or Responses request body as its JSON object; ``ModelRefused`` for invalid
+    JSON or another JSON value, as vLLM's request parsing refuses them on every route."""
     try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise SimHTTPError(400, f"invalid JSON: {exc}", "invalid_request_error") from None
-    if not isinstance(payload, dict):
-        raise SimHTTPError(400, "the body must be a JSON object", "invalid_request_error")
-    return payload
+        return _load(body)
+    except SimHTTPError as exc:
+        raise ModelRefused(exc.status, exc.message, exc.type, exc.param) from None
 
 
 def bad_request(message: str, param: str | None = None) -> SimHTTPError:
@@ -327,13 +331,23 @@ def _engine_checks(
             _grammar(request)
     except Invalid as exc:
         return _rejected(exc)
+    if isinstance(request, ChatRequest) and never_ends(_schema(request)):
+        # accepted, then killed at its first token: the engine's generation error
+        return SimHTTPError(500, "Internal server error", "InternalServerError")
     return None
 
 
-def _grammar(request: ChatRequest) -> None:
+def _schema(request: ChatRequest) -> object:
     fmt = request.response_format
     if not isinstance(fmt, ResponseFormat) or fmt.type != "json_schema" or not fmt.json_schema:
+        return None
+    return fmt.json_schema.json_schema
+
+
+def _grammar(request: ChatRequest) -> None:
+    schema = _schema(request)
+    if schema is None:
         return
-    problem = schema_problem(fmt.json_schema.json_schema or {})
+    problem = schema_problem(schema or {})
     if problem:
         raise invalid(f"Grammar error: {problem}")

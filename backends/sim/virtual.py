@@ -2,6 +2,9 @@
 
 The same ``Scheduler`` as the HTTP server steps through a list of requests that arrive at
 given (virtual) seconds; nothing sleeps, and the result is the same for the same inputs.
+It keeps the server's KV memory and prefix cache too (a request is cached under its prompt:
+a later request that resends it, one turn longer, prefills only the rest), and waits or
+preempts when blocks run short.
 Used for fast benchmarks, policy replay and the speed-up table.
 
 Pure: no I/O, no clock reads, no global random state.
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from backends.sim.config import SimConfig
 from backends.sim.engine import Scheduler, Sequence
 from backends.sim.model import RequestProfile, build_profile
+from backends.sim.prefix import prompt_hashes
 from backends.sim.workload import Workload
 
 
@@ -30,7 +34,9 @@ class TimedRequest:
 class RequestResult:
     """What one request saw. ``token_times`` holds the time each token became visible (when
     the API server handed it over: merged outputs make several steps' tokens visible at
-    once); ``steps`` the engine steps that gave it tokens."""
+    once); ``steps`` the engine steps that gave it tokens; ``cached_tokens`` the prompt
+    tokens the prefix cache held when it was admitted; ``preemptions`` the times it lost its
+    KV blocks and went back to the queue."""
 
     index: int
     workload: Workload
@@ -42,6 +48,8 @@ class RequestResult:
     num_draft_tokens: int
     num_accepted_draft_tokens: int
     finish_reason: str
+    cached_tokens: int = 0
+    preemptions: int = 0
 
     @property
     def completion_tokens(self) -> int:
@@ -90,7 +98,9 @@ def simulate(requests: Iterable[TimedRequest], config: SimConfig) -> list[Reques
         while cursor < len(pending) and pending[cursor][1].at <= now:
             index, request = pending[cursor]
             profile = _profile(request, config, seq_no=cursor)
-            seq = Sequence(profile, config.k)
+            caching = config.enable_prefix_caching
+            hashes = prompt_hashes(request.body, config.block_size) if caching else ()
+            seq = Sequence(profile, config.k, hashes=hashes)
             seqs[index] = (request.at, seq)
             times[index] = []
             order[id(seq)] = index
@@ -128,4 +138,6 @@ def _result(index: int, arrival: float, seq: Sequence, times: list[float]) -> Re
         num_draft_tokens=tally.num_draft_tokens,
         num_accepted_draft_tokens=tally.num_accepted_draft_tokens,
         finish_reason=seq.profile.finish_reason,
+        cached_tokens=max(seq.cached, 0),
+        preemptions=seq.preemptions,
     )

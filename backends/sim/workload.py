@@ -13,7 +13,7 @@ Precedence (first match wins):
 4. ``summarise`` - estimated prompt tokens at or above the long-context threshold, or
    "summar" in the prompt;
 5. ``creative`` - temperature >= 0.9 (absent temperature counts as the default, 1.0 like
-   vLLM and OpenAI);
+   vLLM and OpenAI; ``sampled`` first fills in the model's own, where it has one);
 6. ``chat`` - everything else.
 
 Pure: no I/O, no clock, no randomness. Bodies are read, never modified.
@@ -97,6 +97,14 @@ def temperature_of(body: Mapping[str, object]) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return DEFAULT_TEMPERATURE
+
+
+def sampled(body: Mapping[str, object], temperature: float | None) -> Mapping[str, object]:
+    """The body as the engine samples it: without a temperature, the model's default
+    (``temperature``, from its generation_config.json; None: the server's 1.0)."""
+    if temperature is None or body.get("temperature") is not None:
+        return body
+    return {**body, "temperature": temperature}
 
 
 def _response_format_is_json(body: Mapping[str, object]) -> bool:

@@ -38,7 +38,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add("--keep", action="store_true", help="leave the stack running and print its URLs")
     add("--json", type=Path, help="also write the summary as JSON to this file")
-    add("--cost-model", default="affine", help=COST_MODEL_HELP)
+    add("--cost-model", default="measured", help=COST_MODEL_HELP)
     parser.set_defaults(run=run)
     return parser
 

@@ -11,19 +11,20 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
+from gateway.cli.admin_client import admin_token, gateway_url, refused
 from gateway.cli.output import console
-
-_GATEWAY = "http://127.0.0.1:8080"
 
 
 def _connection(defaults: bool) -> argparse.ArgumentParser:
     """``--gateway`` and ``--token``, accepted before and after the sub-command: the copy on
     each sub-command has no defaults of its own, so it never hides a value given earlier."""
     parent = argparse.ArgumentParser(add_help=False)
-    gateway_default: object = _GATEWAY if defaults else argparse.SUPPRESS
+    gateway_default: object = None if defaults else argparse.SUPPRESS
     token_default: object = None if defaults else argparse.SUPPRESS
     parent.add_argument(
-        "--gateway", default=gateway_default, help=f"gateway base URL (default {_GATEWAY})"
+        "--gateway",
+        default=gateway_default,
+        help="gateway base URL (default: SPECLANE_GATEWAY, else http://127.0.0.1:8080)",
     )
     parent.add_argument(
         "--token", default=token_default, help="admin token (or SPECLANE_ADMIN_TOKEN)"
@@ -60,50 +61,63 @@ def add_parser(commands: Any) -> None:
     state = put.add_mutually_exclusive_group()
     state.add_argument("--on", dest="enabled", action="store_true", default=True)
     state.add_argument("--off", dest="enabled", action="store_false")
-    put.add_argument("--rollout", type=float, help="percentage of traffic, 0-100")
+    put.add_argument(
+        "--rollout",
+        type=float,
+        help="percentage of tenants, 0-100: a rollout draws a hash of the tenant an API key "
+        "names (stable per tenant), never of requests, and a request without a known key is "
+        "in no partial rollout; refused where the policy names no tenants",
+    )
     put.add_argument("--allow", action="append", help="tenant allowed (repeatable)")
     put.add_argument("--deny", action="append", default=[], help="tenant denied (repeatable)")
-    put.add_argument("--reason", default="", help="why, for the audit log")
+    put.add_argument("--reason", required=True, type=_reason, help="why, for the audit log")
     put.add_argument("--actor", default="cli", help="who, for the audit log")
     put.set_defaults(run=_set)
     delete = sub.add_parser(
         "delete", help="drop the ops value; the policy default applies", parents=common
     )
     delete.add_argument("name")
-    delete.add_argument("--reason", default="")
+    delete.add_argument("--reason", required=True, type=_reason, help="why, for the audit log")
     delete.add_argument("--actor", default="cli")
     delete.set_defaults(run=_delete)
+
+
+def _reason(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("say why, for the audit log (the console asks too)")
+    return text.strip()
 
 
 class _NoToken(Exception):
     pass
 
 
-def _client(args: argparse.Namespace) -> httpx.Client:
-    from gateway.settings import Settings
-
-    token = args.token
-    if token is None:
-        secret = Settings().admin_token
-        token = secret.get_secret_value() if secret else ""
-    if not token.strip():
+def _client(args: argparse.Namespace, url: str) -> httpx.Client:
+    token = admin_token(args)
+    if not token:
         raise _NoToken
     headers = {
         "authorization": f"Bearer {token}",
         "x-speclane-actor": getattr(args, "actor", "cli"),
     }
-    return httpx.Client(base_url=args.gateway, headers=headers, timeout=10)
+    return httpx.Client(base_url=url, headers=headers, timeout=10)
 
 
-def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+def call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+    """The admin API's JSON answer, or None once the reason is on stderr."""
+    url = gateway_url(args)
     try:
-        with _client(args) as client:
+        with _client(args, url) as client:
             response = client.request(method, path, **kwargs)
     except _NoToken:
         sys.stderr.write("no admin token: pass --token or set SPECLANE_ADMIN_TOKEN\n")
         return None
     except (httpx.HTTPError, ValueError) as exc:
-        sys.stderr.write(f"cannot reach {args.gateway}: {exc}\n")
+        sys.stderr.write(f"cannot reach {url}: {exc}\n")
+        return None
+    told = refused(response.status_code, url, response.content)
+    if told is not None:
+        sys.stderr.write(told + "\n")
         return None
     try:
         body: dict[str, Any] = response.json()
@@ -133,7 +147,7 @@ def _rows(flags: list[dict[str, Any]]) -> list[list[str]]:
             [
                 flag["name"],
                 "on" if flag["enabled"] else "off",
-                "-" if flag["rollout"] is None else f"{flag['rollout']:g}%",
+                "-" if flag["rollout"] is None else f"{flag['rollout']:g}% of tenants",
                 "; ".join(who) or "all",
                 flag["source"],
                 ",".join(flag["rules"]) or "-",
@@ -161,7 +175,7 @@ def _show(flags: list[dict[str, Any]]) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    body = _call(args, "GET", "/admin/flags")
+    body = call(args, "GET", "/admin/flags")
     if body is None:
         return 1
     if args.json:
@@ -172,7 +186,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _get(args: argparse.Namespace) -> int:
-    body = _call(args, "GET", f"/admin/flags/{args.name}")
+    body = call(args, "GET", f"/admin/flags/{args.name}")
     if body is None:
         return 1
     if args.json:
@@ -190,7 +204,7 @@ def _set(args: argparse.Namespace) -> int:
         payload["rollout"] = args.rollout
     if args.allow is not None or args.deny:
         payload["tenants"] = {"allow": args.allow, "deny": args.deny}
-    body = _call(args, "PUT", f"/admin/flags/{args.name}", json=payload)
+    body = call(args, "PUT", f"/admin/flags/{args.name}", json=payload)
     if body is None:
         return 1
     _show([body["flag"]])
@@ -198,7 +212,7 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    body = _call(args, "DELETE", f"/admin/flags/{args.name}", params={"reason": args.reason})
+    body = call(args, "DELETE", f"/admin/flags/{args.name}", params={"reason": args.reason})
     if body is None:
         return 1
     console().print(f"{args.name}: back to the policy's default")

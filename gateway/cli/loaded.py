@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.endpoints import APIS
+from gateway.apis import APIS
 from gateway.settings import Settings
 from policies.compiled import CompiledPolicy, Ladder
 from policies.model import Pool, PoolKind
@@ -28,7 +28,7 @@ def loaded_lines(settings: Settings, policy: CompiledPolicy, version: str | None
         f"{len(policy.rules)} rule{'s' if len(policy.rules) != 1 else ''} ({rules})"
     )
     lines += [f"pool {name}: {_pool(pool)}" for name, pool in policy.pools.items()]
-    api = ", ".join(f"POST {api.path.value}" for api in APIS)
+    api = ", ".join(f"POST {api.path}" for api in APIS)
     admin = "/admin" if settings.admin_token is not None else "off (SPECLANE_ADMIN_TOKEN unset)"
     console = " and /console/" if settings.admin_token is not None and settings.console else ""
     state = "Redis" if settings.redis_url else "this process only (no SPECLANE_REDIS_URL)"

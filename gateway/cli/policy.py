@@ -2,7 +2,9 @@
 
     speclane policy lint FILE... [--strict]
     speclane policy explain FILE REQUEST.json [--endpoint NAME|PATH] [--header K=V]... [--json]
+        [--stats STATS.json]  (a saved /admin/stats: name the child of a split slice)
     speclane policy explain FILE --features K=V... [--flag NAME=on|off]... [--json]
+    ... [--gateway URL [--token T]]   (the live flags; offline, the file's defaults)
     speclane policy schema
     speclane policy hash-key < key.txt
 
@@ -21,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from gateway import endpoints
+from gateway import apis
 from gateway.identity import key_hash
 from gateway.state.policyfile import load_policy_file, read_policy_file
 from policies.compiled import CompiledPolicy
@@ -32,6 +34,7 @@ from policies.lint import lint
 from policies.model import ANONYMOUS
 from policies.problems import PolicyError, did_you_mean
 from policies.schema import json_schema_text
+from policies.splitting import Split, split_of
 
 
 class UsageError(Exception):
@@ -53,11 +56,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     why.add_argument(
         "--endpoint",
         default="chat",
-        choices=endpoints.CHOICES,
+        choices=apis.CHOICES,
         help="the API the request came in on: a short name or its path (default: chat)",
     )
     why.add_argument("--header", action="append", default=[], metavar="K=V")
     why.add_argument("--flag", action="append", default=[], metavar="NAME=on|off")
+    why.add_argument(
+        "--gateway",
+        metavar="URL",
+        help="read the live flags (the kill switch, rollouts, tenant lists ops have set) from "
+        "this gateway's admin API; without it only the file's flag defaults are known",
+    )
+    why.add_argument("--token", help="its admin token (default: SPECLANE_ADMIN_TOKEN)")
+    why.add_argument(
+        "--stats",
+        type=Path,
+        metavar="STATS.json",
+        help="a gateway's /admin/stats, saved: the decision names the child of a slice it "
+        "split by application",
+    )
     why.add_argument("--json", action="store_true", help="machine-readable output")
     why.set_defaults(run=run_explain)
     schema = commands.add_parser("schema", help="print the policy file's JSON Schema")
@@ -74,13 +91,13 @@ def run_lint(args: argparse.Namespace) -> int:
         try:
             data = read_policy_file(path)
         except OSError as exc:
-            sys.stdout.write(f"{path}: error: cannot read: {exc.strerror or exc}\n")
+            sys.stderr.write(f"{path}: error: cannot read: {exc.strerror or exc}\n")
             failed = True
             continue
         report = lint(data, str(path))
         sys.stdout.writelines(line + "\n" for line in report.lines())
         errors, warnings = len(report.errors), len(report.warnings)
-        sys.stderr.write(f"{path}: {errors} error(s), {warnings} warning(s)\n")
+        sys.stdout.write(f"{path}: {errors} error(s), {warnings} warning(s)\n")
         failed = failed or report.failed(strict=args.strict)
     return 1 if failed else 0
 
@@ -102,18 +119,27 @@ def run_hash_key(args: argparse.Namespace) -> int:
     return 0
 
 
+OFFLINE = (
+    "the policy file's defaults: live flags (speclane flags) are not read offline; "
+    "--gateway URL reads them"
+)
+
+
 def run_explain(args: argparse.Namespace) -> int:
     try:
         policy, _ = load_policy_file(args.file)
         features = _features(args, policy)
-        flags = merged(policy.file.flags, _flag_overrides(args.flag))
+        live = _live_flags(args) if args.gateway else {}
+        flags = merged(policy.file.flags, {**live, **_flag_overrides(args.flag)})
+        splits = _splits(args.stats) if args.stats is not None else {}
     except PolicyError as exc:
         sys.stderr.write(f"{exc}\n")
         return 1
     except (OSError, UsageError) as exc:
         sys.stderr.write(f"speclane policy explain: {exc}\n")
         return 1
-    result = explain(features, policy, flags)
+    source = f"live, from {args.gateway}" if args.gateway else OFFLINE
+    result = explain(features, policy, flags, source, splits)
     if args.json:
         sys.stdout.write(json.dumps(result.as_json(), indent=2) + "\n")
     elif sys.stdout.isatty():
@@ -123,29 +149,60 @@ def run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_flags(args: argparse.Namespace) -> dict[str, FlagValue]:
+    """The values ops have set on the running gateway, from its admin API."""
+    from gateway.cli.flags import call
+
+    body = call(args, "GET", "/admin/flags")
+    if body is None:  # the reason is on stderr
+        raise UsageError(f"cannot read the live flags of {args.gateway}")
+    return {
+        flag["name"]: FlagValue(
+            enabled=bool(flag["enabled"]),
+            rollout=flag["rollout"],
+            allow=None if flag["tenants"]["allow"] is None else frozenset(flag["tenants"]["allow"]),
+            deny=frozenset(flag["tenants"]["deny"]),
+        )
+        for flag in body["flags"]
+        if flag["source"] == "ops"
+    }
+
+
+def _splits(path: Path) -> dict[str, Split]:
+    """The ``splits`` of a saved ``/admin/stats``."""
+    try:
+        data = json.loads(path.read_text())
+        return {parent: split_of(d) for parent, d in data.get("splits", {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{path}: not a saved /admin/stats ({exc})") from None
+
+
 def _features(args: argparse.Namespace, policy: CompiledPolicy) -> Features:
     headers = {k.lower(): v for k, v in _pairs(args.header, "--header").items()}
     if args.request is not None and args.features:
         raise UsageError("give REQUEST.json or --features, not both")
-    api = endpoints.named(args.endpoint)
+    api = apis.named(args.endpoint)
     if args.request is not None:
-        return _classified(args.request, api, headers)
-    return features_from(_pairs(args.features, "--features"), policy, api.path.value, headers)
+        return _classified(args.request, api, headers, policy)
+    return features_from(_pairs(args.features, "--features"), policy, api.path, headers)
 
 
-def _classified(path: Path, api: endpoints.Api, headers: dict[str, str]) -> Features:
+def _classified(
+    path: Path, api: apis.Api, headers: dict[str, str], policy: CompiledPolicy
+) -> Features:
     from gateway import schema
     from gateway.classify import Defaults, classify
     from gateway.errors import ApiError
 
     try:
-        request, _ = schema.parse(path.read_bytes(), api.kind)
+        request, _ = schema.parse(path.read_bytes(), api.model)
     except ApiError as exc:
         raise UsageError(f"{path}: {exc.message}") from None
-    return classify(request, api.path.value, headers, "explain", Defaults())
+    defaults = Defaults().under(policy.file.defaults)
+    return classify(request, api.path, headers, "explain", defaults)
 
 
-_FIELDS = {f.name for f in fields(Features)} - {"headers", "tools_fingerprint"}
+_FIELDS = {f.name for f in fields(Features)} - {"headers", "tools_fingerprint", "defaulted"}
 
 
 def features_from(
@@ -154,7 +211,7 @@ def features_from(
     """Features set directly (``temperature=0.2 tools=a,b context_tokens=20000``)."""
     values: dict[str, Any] = {
         "endpoint": endpoint,
-        "api": endpoints.api_of(endpoint),
+        "api": apis.api_of(endpoint),
         "headers": headers,
     }
     for key, text in pairs.items():
@@ -168,9 +225,23 @@ def features_from(
         if len(models) != 1:
             raise UsageError(f"give model=... (the policy serves {models})")
         values["model"] = models[0]
+    _default_sampling(values, policy)
     tenant = values.get("tenant") or "explain"
     values.setdefault("routing_key", "" if tenant == ANONYMOUS else tenant)
     return Features(**values)
+
+
+def _default_sampling(values: dict[str, Any], policy: CompiledPolicy) -> None:
+    """Sampling fields not given are the policy's defaults (else 1.0), marked as assumed,
+    as a served request without them is read."""
+    given = policy.file.defaults
+    defaulted = []
+    for name in ("temperature", "top_p"):
+        if name not in values:
+            found = getattr(given, name)
+            values[name] = 1.0 if found is None else found
+            defaulted.append(name)
+    values["defaulted"] = tuple(defaulted)
 
 
 def _value(name: str, text: str) -> Any:
@@ -240,10 +311,13 @@ def _rich(result: Explanation) -> None:
     for name, value in [
         ("rule", d.rule),
         ("slice", d.slice),
+        *([("split from", d.parent)] if d.parent and d.parent != d.slice else []),
+        *([("split keys", ", ".join(f"{k} {v}" for k, v in d.candidates))] if d.candidates else []),
         ("pool", f"{d.pool or '-'} (rung {d.rung}, start {d.start})"),
         ("rungs", " > ".join(d.rungs) or "-"),
         ("reason", d.reason),
         *[(f"flag {n}", v) for n, v in result.flags.items()],
+        ("flags from", result.flags_source),
         *([("shadow copy to", d.shadow_to)] if d.shadow_to else []),
     ]:
         decision.add_row(escape(name), escape(value))

@@ -1,7 +1,7 @@
 """``speclane replay``: run scenarios against a policy in virtual time and price the result.
 
     speclane replay --policy FILE --scenario FILE... [--log REQUESTS.jsonl] [--out DIR] [--json]
-        [--cost-model affine|gpu|gpu-32b|gpu:SUMMARY.json]
+        [--cost-model measured|affine|gpu|gpu-32b|gpu:SUMMARY.json]
 
 For each scenario: a table line (adaptive against the oracle, always-standard,
 always-speculative and the best static pool per class), ``DIR/NAME.json`` with the full
@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from backends.sim.cli import COST_MODEL_HELP, cost_model_arg
-from backends.sim.model import CostModel
 from gateway.replay.chart import draw
 from gateway.replay.report import TABLE_HEAD, markdown_row, summarise
 from gateway.replay.run import read_log, replay
@@ -38,9 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "recorded offsets instead of the scenario's traffic",
     )
     parser.add_argument("--out", type=Path, help="write NAME.json and NAME.png here")
-    parser.add_argument(
-        "--cost-model", type=cost_model_arg, default=CostModel(), help=COST_MODEL_HELP
-    )
+    parser.add_argument("--cost-model", type=cost_model_arg, default=None, help=COST_MODEL_HELP)
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     parser.set_defaults(run=run)
 

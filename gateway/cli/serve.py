@@ -88,12 +88,20 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"cannot read the policy {settings.policy}: {exc.strerror or exc}\n")
         return 1
     from gateway.cli.loaded import loaded_lines
+    from gateway.cli.workers import bind
+
+    try:  # before anything is said of what would be served: a taken port is one line
+        sock = bind(settings.host, settings.port)
+    except OSError as exc:
+        where = f"{settings.host}:{settings.port}"
+        sys.stderr.write(f"speclane serve: cannot listen on {where}: {exc.strerror or exc}\n")
+        return 1
 
     for line in loaded_lines(settings, holder.current, holder.version):
         logging.getLogger(__name__).info("%s", line)
     if settings.several_workers:
-        return _several(settings)
-    return _one(settings)
+        return _several(settings, sock)
+    return _serve(settings, sock)
 
 
 def _resolve_workers(settings: Settings) -> Settings:
@@ -111,14 +119,10 @@ def _resolve_workers(settings: Settings) -> Settings:
     return settings.model_copy(update={"workers": count})
 
 
-def _one(settings: Settings) -> int:
-    return _serve(settings)
-
-
-def _several(settings: Settings) -> int:
+def _several(settings: Settings, sock: socket.socket) -> int:
     from prometheus_client.multiprocess import mark_process_dead
 
-    from gateway.cli.workers import Workers, bind
+    from gateway.cli.workers import Workers
     from gateway.settings import export_metrics_dir
 
     made = settings.metrics_dir is None
@@ -127,13 +131,6 @@ def _several(settings: Settings) -> int:
         stale.unlink()
     export_metrics_dir(metrics)
     settings = settings.model_copy(update={"metrics_dir": metrics})
-    try:
-        sock = bind(settings.host, settings.port)
-    except OSError as exc:
-        sys.stderr.write(
-            f"speclane serve: cannot listen on {settings.host}:{settings.port}: {exc}\n"
-        )
-        return 1
     assert isinstance(settings.workers, int)
     workers = Workers(
         settings.workers,

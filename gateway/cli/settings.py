@@ -1,24 +1,25 @@
 """``speclane settings``: the gateway's settings, from ``gateway/settings.py``.
 
     speclane settings                        each setting's value here (environment, defaults)
-    speclane settings --markdown             the reference table, as Markdown
-    speclane settings --markdown --update F  that table spliced into F between its markers
+    speclane settings --markdown             the reference, as Markdown: a table per group
+    speclane settings --markdown --update F  that reference spliced into F between its markers
 
-The table is made from the fields' descriptions and defaults, so the page and the code say
-the same; ``tests/gateway/cli/test_settings_cli.py`` checks that the committed page is
-current. Command-line edge only.
+The tables are made from the groups' docstrings and the fields' descriptions and defaults,
+so the page and the code say the same; ``tests/gateway/cli/test_settings_cli.py`` checks
+that the committed page is current. Command-line edge only.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from enum import Enum
 from pathlib import Path
 
 from pydantic import SecretStr, ValidationError
 
-from gateway.settings import Settings
+from gateway.settings import GROUPS, Settings
 
 PREFIX = "SPECLANE_"
 BEGIN = "<!-- begin: speclane settings --markdown -->"
@@ -68,12 +69,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def markdown_table() -> str:
-    """One row per setting: its variable, its default and what it does."""
-    lines = ["| setting | default | meaning |", "| --- | --- | --- |"]
-    for name, field in Settings.model_fields.items():
-        meaning = (field.description or "").replace("|", "\\|")
-        lines.append(f"| `{PREFIX}{name.upper()}` | {_default(field.default)} | {meaning} |")
-    return "\n".join(lines) + "\n"
+    """A section per group of settings (``GROUPS``): its name, what it is for, and one row
+    per setting: its variable, its default and what it does."""
+    sections = []
+    for group in GROUPS:
+        lines = [f"### {_title(group.__name__)}", "", " ".join((group.__doc__ or "").split()), ""]
+        lines += ["| setting | default | meaning |", "| --- | --- | --- |"]
+        for name in group.model_fields:
+            field = Settings.model_fields[name]
+            meaning = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{PREFIX}{name.upper()}` | {_default(field.default)} | {meaning} |")
+        sections.append("\n".join(lines) + "\n")
+    return "\n".join(sections)
+
+
+def _title(name: str) -> str:
+    """``ClientLimits`` as ``Client limits``."""
+    words = re.findall(r"[A-Z][a-z]*", name)
+    return " ".join([words[0], *(word.lower() for word in words[1:])])
 
 
 def spliced(page: str) -> str:

@@ -15,4 +15,6 @@ class Options:
     time_scale: float = 0.25
     keep: bool = False
     json: Path | None = None
-    cost_model: str = "affine"  # the sims' step-time model: affine, gpu or gpu:SUMMARY.json
+    # the sims' step-time model: measured (the H200 curve for the demo model's size), affine,
+    # gpu, gpu-32b or gpu:SUMMARY.json
+    cost_model: str = "measured"

@@ -1,7 +1,8 @@
 """Price the recorded trace load-neutrally, four ways, like ``speclane replay`` does.
 
 Every answered request of the live run is priced on each pool with the sims' own step-time
-model (``ReplayInput.cost``: the affine ``CostModel`` unless the demo ran another;
+model (``ReplayInput.cost``: the curve measured for the demo model's size unless the demo
+ran another;
 ``gateway/replay/pricing.py``): its decode (tokens after the first) takes
 (T - 1) / E engine steps, E = 1 on the standard pool and the Leviathan expected tokens per
 step at the request's true per-token acceptance (the simulator's model, drift included)

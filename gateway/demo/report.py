@@ -74,7 +74,8 @@ def _replay(rows: list[ReplayRow]) -> Table:
         title_justify="left",
         caption="every request priced on each pool at the load the run actually carried "
         "(its true acceptance, the drift included); 'oracle' takes the cheaper pool per "
-        "workload and phase; the same load for every way keeps capacity out of it",
+        "workload and phase; the same load for every way keeps capacity out of it; 'adaptive' "
+        "includes what shadow mirrors cost (creative) and the pilot's standard arm (chat)",
     )
     heads = ("workload", "requests", "adaptive", "always speculative", "always standard")
     for head in (*heads, "oracle", "adaptive vs oracle"):

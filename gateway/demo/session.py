@@ -22,7 +22,7 @@ import orjson
 from rich.console import Console
 from rich.live import Live
 
-from backends.sim.cli import cost_model_arg
+from backends.sim.cli import cost_for, cost_model_arg
 from gateway.demo import driver, report
 from gateway.demo.driver import Drift, RunState, Target
 from gateway.demo.live import keep_drawing, render
@@ -115,7 +115,7 @@ async def _drive(console: Console, options: Options, tuning: Tuning, stack: Stac
         stats = await driver.admin_get(client, target, "/admin/stats")
         records = await driver.admin_get(client, target, "/admin/outcomes")
         metrics = (await client.get(stack.gateway_url + "/metrics")).text
-    cost = cost_model_arg(options.cost_model)
+    cost = cost_for(cost_model_arg(options.cost_model), MODEL)
     rows = replay(
         ReplayInput(
             state.results, state.drift_marks, drift, options.time_scale, options.seed, cost=cost

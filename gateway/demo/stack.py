@@ -47,7 +47,7 @@ class StackOptions:
     k: int = 4
     model: str = MODEL
     keep: bool = False
-    cost_model: str = "affine"
+    cost_model: str = "measured"
 
 
 @dataclass(slots=True)
@@ -70,14 +70,6 @@ def _free_ports(n: int) -> list[int]:
     while len(ports) < n:
         ports.add(free_port())
     return sorted(ports)
-
-
-def port_open(url: str) -> bool:
-    """Whether something listens at ``url``'s host and port."""
-    parsed = httpx.URL(url)
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((parsed.host, parsed.port or 80)) == 0
 
 
 @dataclass(slots=True)

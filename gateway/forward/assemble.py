@@ -13,8 +13,11 @@ same tokens:
   concatenated, every other field (``finish_reason``, ``stop_reason``, a completion's
   ``prompt_token_ids``) at its last non-null value.
 
-Fields vLLM leaves out of a stream but sets to null in a whole answer are left out: the body
-equals the pool's own answer up to ``id``, ``created`` and null fields.
+Fields vLLM leaves out of a stream but sets to null in a whole answer (``refusal``,
+``annotations``, ``service_tier``, ``prompt_logprobs``, ``kv_transfer_params``, usage's
+``*_details``, ``metrics`` itself when the pool reports none...) are set to null, in the
+order vLLM 0.32 writes them (``_WHOLE``): the body has every field of the pool's own
+answer, and equals it up to ``id`` and ``created``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _OWN = frozenset(("index", "delta", "text", "logprobs", "token_ids"))
-_HEAD = ("id", "created", "model")
+_HEAD = ("id", "object", "created", "model")
+# The fields of vLLM 0.32's whole answers, in its order, each null unless the stream set it.
+_TOP = ("service_tier", "system_fingerprint", "usage")
+_WHOLE = {
+    True: (*_TOP, "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+           "ec_transfer_params", "metrics"),
+    False: (*_TOP, "kv_transfer_params", "ec_transfer_params", "metrics"),
+}  # fmt: skip
+_CHOICE = {
+    True: ("finish_reason", "stop_reason", "token_ids", "routed_experts"),
+    False: ("finish_reason", "stop_reason", "token_ids", "prompt_logprobs", "prompt_token_ids",
+            "routed_experts"),
+}  # fmt: skip
+_MESSAGE = ("refusal", "annotations", "audio", "function_call")  # then tool_calls, reasoning
+_USAGE = ("prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+          "completion_tokens_details")  # fmt: skip
+# what a whole answer's usage.prompt_tokens_details has and a stream's leaves out (vLLM 0.32
+# with --enable-prompt-tokens-details: null in the whole answer, absent in the usage chunk)
+_PROMPT_DETAILS = ("multimodal_tokens",)
+_METRICS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
+            "tokens_per_second", "speculative_decoding")  # fmt: skip
+_PER_STEP = ("per_step_accepted", "per_step_drafted")  # a whole answer's speculative_decoding
 
 
 @dataclass(slots=True)
@@ -80,11 +104,25 @@ class Assembler:
                 _keep(choice.message, key, value)
 
     def body(self) -> dict[str, Any]:
-        head: dict[str, Any] = {k: self._top[k] for k in _HEAD if k in self._top}
-        rest = {k: v for k, v in self._top.items() if k not in head}
-        choices = [self._render(c) for _, c in sorted(self._choices.items())]
-        obj = "chat.completion" if self._chat else "text_completion"
-        return {**head, "object": obj, "choices": choices, **rest}
+        top = self._top
+        whole = {"object": "chat.completion" if self._chat else "text_completion"}
+        head: dict[str, Any] = {k: whole.get(k, top.get(k)) for k in _HEAD}
+        head["choices"] = [self._render(c) for _, c in sorted(self._choices.items())]
+        body = _ordered(head, top, _WHOLE[self._chat])
+        if isinstance(body["usage"], dict):
+            body["usage"] = usage = _ordered({}, body["usage"], _USAGE)
+            details = usage["prompt_tokens_details"]
+            if isinstance(details, dict):
+                usage["prompt_tokens_details"] = details | {
+                    k: details.get(k) for k in _PROMPT_DETAILS
+                }
+        metrics = body["metrics"]
+        if isinstance(metrics, dict):
+            body["metrics"] = metrics = _ordered({}, metrics, _METRICS)
+            if isinstance(metrics["speculative_decoding"], dict):
+                spec = metrics["speculative_decoding"]
+                metrics["speculative_decoding"] = spec | {k: spec.get(k) for k in _PER_STEP}
+        return body
 
     def _render(self, choice: _Choice) -> dict[str, Any]:
         out: dict[str, Any] = {"index": choice.index}
@@ -92,16 +130,23 @@ class Assembler:
             message = {"role": choice.message.get("role") or "assistant"}
             text = "".join(choice.text)
             message["content"] = text if text or not choice.tool_calls else None
-            message |= {k: v for k, v in choice.message.items() if k != "role"}
+            message |= {k: choice.message.get(k) for k in _MESSAGE}
             if choice.tool_calls:
                 message["tool_calls"] = [c for _, c in sorted(choice.tool_calls.items())]
-            out["message"] = message
+            message["reasoning"] = choice.message.get("reasoning")
+            out["message"] = message | {k: v for k, v in choice.message.items() if k != "role"}
         else:
             out["text"] = "".join(choice.text)
         out["logprobs"] = choice.logprobs
-        out |= choice.fields
-        out["token_ids"] = choice.token_ids
-        return out
+        fields = choice.fields | {"token_ids": choice.token_ids}
+        return _ordered(out, fields, _CHOICE[self._chat])
+
+
+def _ordered(head: dict[str, Any], given: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``head``, then ``names`` in order (each null where ``given`` lacks it), then the rest
+    of ``given``."""
+    out = head | {k: given.get(k) for k in names}
+    return out | {k: v for k, v in given.items() if k not in out}
 
 
 def _keep(into: dict[str, Any], key: str, value: Any) -> None:

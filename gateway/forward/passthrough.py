@@ -9,12 +9,11 @@ The pool's own answer is always right; assembly exists for one purpose, the chun
   beam search, several prompts and tool calls (its tool parsers read a whole answer and a
   stream differently, above all one cut by ``max_tokens``) differently when streamed;
 - a standard pool has nothing to measure per request: pass through;
-- a speculative pool passes through once its answers are seen to carry vLLM's per-request
-  ``metrics.speculative_decoding`` (``PerRequestReports``), and goes back to assembly when
-  one lacks them;
-- a speculative pool of another engine passes through: TensorRT-LLM's whole answers say
-  their tokens per step (``avg_decoded_tokens_per_iter``), and assembly reproduces vLLM's
-  answers field by field, not SGLang's or TensorRT-LLM's (``policies/engines.py``);
+- a speculative pool passes through once its answers are seen to say their speculation per
+  request, as its engine reads them (``PerRequestReports``; vLLM's
+  ``metrics.speculative_decoding``), and goes back to assembly when one does not;
+- a speculative pool of an engine whose answers assembly does not reproduce field by field
+  passes through (``Engine.assembles``, ``gateway/engines/``);
 - the pool's ``passthrough_non_streaming`` overrides the last three.
 """
 
@@ -23,24 +22,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.model import Engine, Pool, PoolKind
-
-_ASSEMBLED = (Engine.VLLM, Engine.VLLM_NEURON)
+from gateway.engines import ENGINES, Registry
+from policies.model import Pool, PoolKind
 
 
 class PerRequestReports:
-    """Which pools' answers carry vLLM's per-request speculative metrics, as last seen."""
+    """Which pools' answers say their speculation per request, as last seen."""
 
     __slots__ = ("_seen",)
 
     def __init__(self) -> None:
         self._seen: dict[str, bool] = {}
 
-    def saw(self, pool: str, metrics: object) -> None:
-        """An answer (or final usage chunk) of ``pool`` to an ``n == 1`` request had this
-        ``metrics`` value."""
-        spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
-        self._seen[pool] = isinstance(spec, Mapping)
+    def saw(self, pool: str, reported: bool) -> None:
+        """An answer (or final usage chunk) of ``pool`` to an ``n == 1`` request said its
+        speculation (``reported``), or did not."""
+        self._seen[pool] = reported
 
     def reports(self, pool: str) -> bool:
         return self._seen.get(pool, False)
@@ -88,13 +85,18 @@ def _count(value: object) -> int:
 
 
 def passes_through(
-    name: str, pool: Pool, reports: PerRequestReports, payload: Mapping[str, Any]
+    name: str,
+    pool: Pool,
+    reports: PerRequestReports,
+    payload: Mapping[str, Any],
+    engines: Registry = ENGINES,
 ) -> bool:
-    """Whether a non-streaming request the decision sends to ``pool`` goes upstream whole."""
+    """Whether a non-streaming request the decision sends to ``pool`` goes upstream whole
+    (``engines``: the engine the pool names among them)."""
     if stream_cannot_carry(payload) is not None:
         return True
     if pool.passthrough_non_streaming is not None:
         return pool.passthrough_non_streaming
-    if pool.kind is PoolKind.STANDARD or pool.engine not in _ASSEMBLED:
+    if pool.kind is PoolKind.STANDARD or not engines.of(pool.engine).assembles:
         return True
     return reports.reports(name)

@@ -1,48 +1,66 @@
 """Step 8 of a request: relay upstream events to the client, measuring them on the way.
 
-``Relay.sse`` yields SSE bytes for a streaming client as events arrive; ``Relay.collect``
-folds the whole stream into one JSON body. Both read every event once, in the answer's
-dialect, into its ``Measurement`` (``gateway/measure/answer.py``, steps 6 and 7): the
-usage chunk (asked of upstream always) is passed on only when the client asked for usage,
-an upstream error event ends the stream. (An error event that opens the stream never gets
-here: ``backends/upstream.py`` turns it into the upstream's answer.) A client error found
-later still answers a non-streaming client with its status.
+One relay for every API, parameterised by the API's dialect (``gateway/measure/answer.py``):
+``Relay.sse`` yields SSE bytes for a streaming client batch by batch as the upstream's bytes
+arrive; ``Relay.collect`` folds the whole stream into one JSON body. Both read every event
+once, in the answer's dialect, into its ``Measurement`` (steps 6 and 7). The dialect says
+how the stream is passed on:
 
-The measurement finishes in ``finally``: finished, failed and cancelled streams all count.
-After the first byte a failure becomes a final SSE error event, never a silent end.
+- **Chunks** (``last`` None: chat and text completions): data payloads ending with
+  ``[DONE]``. The usage chunk (asked of upstream always) is passed on only when the client
+  asked for usage; a chunk the engine adds of its own on the gateway's account
+  (``Engine.own``, ``gateway/engines/``) only when the client asked for it too. A
+  whole answer for a non-streaming client is assembled from them (``collect``), and a
+  client error found there still answers that client with its status.
+- **Events** (Anthropic's Messages, OpenAI's Responses): each event (``backends/sse.py``'s
+  ``EventDecoder``: its ``event:`` line, its data, as the upstream wrote them) passed on
+  unchanged. The answer ends well at one of its dialect's ``last`` events
+  (``message_stop``; ``response.completed``), followed by the end of the body (vLLM 0.32's
+  streams of both) or by a ``[DONE]``, passed on, where a server sends one.
+
+An upstream error event is passed on and ends the stream. A stream that ends or breaks
+before its end ends with an error event of the gateway's own, in the API's shape
+(``gateway/errors.py``; a Responses one numbered after the last it relayed): after the
+first byte a failure is never a silent end. (An error event that opens the stream never gets
+here: ``backends/upstream.py`` turns it into the upstream's answer.) The measurement finishes
+in ``finally``: finished, failed and cancelled streams all count.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
 
 from backends.errors import AnswerTimeout, StreamBroken, UpstreamRejected
 from backends.pool import Opened
+from backends.sse import data_of
 from backends.upstream import DONE
-from gateway.errors import UpstreamErrorEvent, from_backend
+from gateway.errors import Shape, UpstreamErrorEvent, from_backend
 from gateway.forward.assemble import Assembler
 from gateway.measure.acceptance import Status
 from gateway.measure.answer import Dialect, Measurement
-from gateway.measure.completions import COMPLETIONS
 
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class Relay:
     """One upstream stream, read once, for one client; measured by ``measurement`` and read
-    in ``dialect`` (``gateway/measure/answer.py``)."""
+    in ``dialect``, which says how it is passed on. ``shape``: the shape of the gateway's
+    own error event; ``include_usage``: the chunk stream's client asked for usage;
+    ``own_asked``: it asked itself for what the engine adds in chunks of its own
+    (``Engine.own``, the measurement's engine's), which are dropped otherwise."""
 
     __slots__ = (
         "_clock",
         "_dialect",
         "_error",
-        "_include_sglext",
-        "_include_usage",
+        "_events",
         "_measurement",
         "_opened",
+        "_pass",
+        "_shape",
         "_status",
     )
 
@@ -50,20 +68,27 @@ class Relay:
         self,
         opened: Opened,
         measurement: Measurement,
+        dialect: Dialect,
         *,
-        include_usage: bool,
         clock: Callable[[], float],
-        include_sglext: bool = False,
-        dialect: Dialect = COMPLETIONS,
+        shape: Shape = "openai",
+        include_usage: bool = True,
+        own_asked: bool = False,
     ) -> None:
         self._opened = opened
         self._measurement = measurement
         self._dialect = dialect
-        self._include_usage = include_usage
-        self._include_sglext = include_sglext
         self._clock = clock
-        self._status = Status.CANCELLED
+        self._shape = shape
+        last = dialect.last
+        self._pass: _Chunks | _Events = (
+            _Chunks(include_usage, measurement.engine.own, own_asked)
+            if last is None
+            else _Events(last)
+        )
+        self._events = last is not None
         self._error = ""
+        self._status = Status.CANCELLED
 
     async def _batches(self) -> AsyncIterator[list[bytes]]:
         stream = self._opened.stream
@@ -76,72 +101,60 @@ class Relay:
         """The last batch has been produced: the client's answer is complete."""
         return self._status is not Status.CANCELLED
 
-    def _inspect(self, data: bytes, now: float) -> dict[str, Any]:
+    def _read(
+        self, data: bytes, now: float
+    ) -> tuple[dict[str, Any], tuple[str, int | None] | None]:
+        """One event, parsed and measured; its failure when it is an error event."""
         event = orjson.loads(data)
         if not isinstance(event, dict):
             raise StreamBroken("upstream sent an event that is not a JSON object")
-        failure = self._dialect.event(self._measurement, event, now)
-        if failure is not None:
-            raise UpstreamErrorEvent(data, *failure)
-        return event
+        return event, self._dialect.event(self._measurement, event, now)
 
     async def sse(self) -> AsyncIterator[bytes]:
-        held: dict[str, Any] | None = None  # the last choice's end, waiting for usage
+        passing, events = self._pass, self._events
+        add, measure, measurement = passing.add, self._dialect.event, self._measurement
         try:
             async for batch in self._batches():
                 now = self._clock()
-                out = []
-                for data in batch:
-                    if data == DONE:
-                        if held is not None:
-                            out.append(_event(held))
-                        out.append(_DONE_EVENT)
-                        self._status = Status.OK
+                out: list[bytes] = []
+                for item in batch:  # the hot path: one pass per chunk, its steps inline
+                    if item == DONE:
+                        passing.end(out)
+                        if passing.ended:
+                            self._status = Status.OK
                         break
-                    held = self._relayed(data, self._inspect(data, now), held, out)
+                    data = data_of(item) if events else item
+                    if data is None:  # an event with no data: passed on, nothing to read
+                        add(item, None, out)
+                        continue
+                    event = orjson.loads(data)
+                    if not isinstance(event, dict):
+                        raise StreamBroken("upstream sent an event that is not a JSON object")
+                    failure = measure(measurement, event, now)
+                    add(item, event, out)
+                    if failure is not None:  # passed on; the answer failed
+                        self._fail(failure[0])
+                        break
                 yield b"".join(out)
-        except UpstreamErrorEvent as exc:
-            self._fail(str(exc))
-            yield (b"" if held is None else _event(held)) + b"data: " + exc.payload + b"\n\n"
+                if self._status is not Status.CANCELLED:
+                    return
+            if not passing.ended:
+                raise StreamBroken("upstream ended the stream before its last event")
+            self._status = Status.OK
         except (StreamBroken, orjson.JSONDecodeError) as exc:
             self._fail(f"stream broke after it started: {exc}")
             # past the first byte nothing can be tried again: the client is told here
-            late = isinstance(exc, AnswerTimeout)
+            late = isinstance(exc, AnswerTimeout)  # the request's time ran out: a timeout
             failed = from_backend((AnswerTimeout if late else StreamBroken)(self._error))
-            yield (b"" if held is None else _event(held)) + failed.sse()
+            yield passing.rest() + failed.sse(self._shape, passing.next)
         finally:
             self._finish()
 
-    def _relayed(
-        self, data: bytes, chunk: dict[str, Any], held: dict[str, Any] | None, out: list[bytes]
-    ) -> dict[str, Any] | None:
-        """Add what the client gets of one upstream chunk to ``out``; return the chunk held
-        back for the fingerprint of a usage chunk the client did not ask for."""
-        if "sglext" in chunk and not chunk.get("choices"):
-            if self._include_sglext:  # SGLang's counts: asked for on the client's account too
-                out.append(b"data: " + data + b"\n\n")
-            return held
-        if self._include_usage:
-            out.append(b"data: " + data + b"\n\n")
-        elif chunk.get("choices") or "usage" not in chunk:
-            if held is not None:
-                out.append(_event(held))
-                held = None
-            if _ends(chunk):
-                return chunk
-            out.append(b"data: " + data + b"\n\n")
-        elif held is not None:  # the dropped usage chunk: vLLM moved this here
-            if "system_fingerprint" in chunk:
-                held["system_fingerprint"] = chunk["system_fingerprint"]
-            out.append(_event(held))
-            held = None
-        return held
-
     async def collect(self, chat: bool) -> dict[str, Any]:
-        """The whole answer as one body, of at most the stream's ``limit`` bytes of events
-        (``max_response_bytes``). A stream that broke, or grew past it, raises
-        ``StreamBroken`` and an error event ``UpstreamErrorEvent`` (``UpstreamRejected`` for
-        a 4xx code): the caller decides whether to try again."""
+        """The whole answer of a chunk stream as one body, of at most the stream's ``limit``
+        bytes of events (``max_response_bytes``). A stream that broke, or grew past it,
+        raises ``StreamBroken`` and an error event ``UpstreamErrorEvent``
+        (``UpstreamRejected`` for a 4xx code): the caller decides whether to try again."""
         assembler = Assembler(chat)
         size, limit = 0, self._opened.stream.limit
         try:
@@ -154,7 +167,10 @@ class Relay:
                     size += len(data)
                     if size > limit:
                         raise StreamBroken(f"the answer grew past {limit} bytes")
-                    assembler.add(self._inspect(data, now))
+                    event, failure = self._read(data, now)
+                    if failure is not None:
+                        raise UpstreamErrorEvent(data, *failure)
+                    assembler.add(event)
             raise StreamBroken("upstream ended without [DONE]")
         except UpstreamErrorEvent as exc:
             self._fail(str(exc))
@@ -176,6 +192,88 @@ class Relay:
     def _finish(self) -> None:
         self._opened.close(failed=self._status is Status.ERROR)
         self._measurement.finish(self._status, self._error)
+
+
+class _Chunks:
+    """How a stream of data chunks is passed on (chat and text completions)."""
+
+    __slots__ = ("ended", "held", "include_usage", "own", "own_asked")
+    next = 0  # their error events are not numbered
+
+    def __init__(
+        self,
+        include_usage: bool,
+        own: Callable[[Mapping[str, Any]], bool] | None,
+        own_asked: bool,
+    ) -> None:
+        self.include_usage = include_usage
+        self.own = own
+        self.own_asked = own_asked
+        self.held: dict[str, Any] | None = None  # the last choice's end, waiting for usage
+        self.ended = False
+
+    def add(self, data: bytes, chunk: dict[str, Any] | None, out: list[bytes]) -> None:
+        """Add what the client gets of one upstream chunk to ``out``, holding back the end
+        of the last choice for the fingerprint of a usage chunk the client did not ask for."""
+        assert chunk is not None
+        if self.own is not None and self.own(chunk):
+            if self.own_asked:  # the engine's own chunk: asked for on the client's account too
+                out.append(b"data: " + data + b"\n\n")
+            return
+        if self.include_usage:
+            out.append(b"data: " + data + b"\n\n")
+        elif chunk.get("choices") or "usage" not in chunk:
+            if self.held is not None:
+                out.append(_event(self.held))
+                self.held = None
+            if _ends(chunk):
+                self.held = chunk
+                return
+            out.append(b"data: " + data + b"\n\n")
+        elif self.held is not None:  # the dropped usage chunk: vLLM moved this here
+            if "system_fingerprint" in chunk:
+                self.held["system_fingerprint"] = chunk["system_fingerprint"]
+            out.append(_event(self.held))
+            self.held = None
+
+    def end(self, out: list[bytes]) -> None:
+        """``[DONE]``: the answer ended well."""
+        out.append(self.rest() + _DONE_EVENT)
+        self.ended = True
+
+    def rest(self) -> bytes:
+        """What is still held back, to go out before the stream's last event."""
+        held, self.held = self.held, None
+        return b"" if held is None else _event(held)
+
+
+class _Events:
+    """How a stream of whole events is passed on (Messages, Responses): as they came."""
+
+    __slots__ = ("ended", "last", "next")
+
+    def __init__(self, last: frozenset[str]) -> None:
+        self.last = last
+        self.ended = False  # the answer's last event came
+        self.next = 0  # the sequence_number an event of the gateway's own takes
+
+    def add(self, block: bytes, event: dict[str, Any] | None, out: list[bytes]) -> None:
+        out.append(block + b"\n\n")
+        if event is None:
+            return
+        if isinstance(sequence := event.get("sequence_number"), int):
+            self.next = sequence + 1
+        self.ended = self.ended or event.get("type") in self.last
+
+    @staticmethod
+    def end(out: list[bytes]) -> None:
+        """``[DONE]``, where a server sends one: passed on; the last event says whether the
+        answer ended well."""
+        out.append(_DONE_EVENT)
+
+    @staticmethod
+    def rest() -> bytes:
+        return b""
 
 
 def _ends(chunk: dict[str, Any]) -> bool:

@@ -9,8 +9,9 @@ shutdown.
 
 When the client's request was greedy, the mirror's text goes to the correctness canary
 (``gateway/measure/canary.py``) to be compared with the text the client got (chat and
-completions). A Messages or Responses mirror is read event by event in its API's dialect
-(``gateway/forward/events.py``) and measured the same way.
+completions). A mirror is relayed as its API's stream is (``gateway/forward/relay.py``): a
+chat or text completion assembled, a Messages or Responses stream read event by event to its
+end, in its API's dialect, and measured the same way.
 
 Explained for operators, with its numbers, in docs/operations.md ("Flags, shadow
 measurement and the admin API").
@@ -27,9 +28,11 @@ from typing import Any
 import orjson
 
 from backends.errors import BackendError
+from backends.placement import Affinity
 from backends.pool import Pools
-from gateway.errors import UpstreamErrorEvent, shape_of
-from gateway.forward.events import RELAYED, EventRelay
+from gateway.apis import Api
+from gateway.engines import ENGINES, Registry
+from gateway.errors import UpstreamErrorEvent
 from gateway.forward.relay import Relay
 from gateway.measure.acceptance import Fold, Labels
 from gateway.measure.answer import Measurement
@@ -88,12 +91,13 @@ class Admission:
 _LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
-def short_probe(payload: dict[str, Any], path: str, tokens: int) -> dict[str, Any]:
-    """``payload`` asking for at most ``tokens`` output tokens, whichever way its API names
-    the limit (the guardrail's short probes: their tokens per step, not their answer)."""
+def short_probe(payload: dict[str, Any], limit: str, tokens: int) -> dict[str, Any]:
+    """``payload`` asking for at most ``tokens`` output tokens, whichever way it names the
+    limit, or by its API's own ``limit`` field (``Api.limit``) when it names none (the
+    guardrail's short probes: their tokens per step, not their answer)."""
     capped = {key: min(payload[key], tokens) for key in _LIMITS if _count(payload.get(key))}
     if not capped:
-        capped = {"max_output_tokens" if path.endswith("/responses") else "max_tokens": tokens}
+        capped = {limit: tokens}
     return payload | capped
 
 
@@ -113,8 +117,10 @@ class ShadowRunner:
         limits: ShadowLimits = ShadowLimits(),
         canary: Canary | None = None,
         prefilled: Callable[[str, int, float], None] | None = None,
+        engines: Registry = ENGINES,
     ) -> None:
         self._pools = pools
+        self._engines = engines
         self._clock = clock
         self._checks = checks  # a mirror's outcome is recorded, its answer not checked
         self._telemetry = telemetry
@@ -131,25 +137,30 @@ class ShadowRunner:
     def mirror(
         self,
         pool: str,
-        path: str,
+        api: Api,
         payload: dict[str, Any],
         labels: Labels,
         cost_tokens: int,
         primary_text: asyncio.Future[str] | None = None,
         prompt_tokens: int = 0,
+        affinity: Affinity | None = None,
     ) -> bool:
-        """Start a mirror unless a bound says no; True when it started."""
+        """Start a mirror of a request to ``api`` unless a bound says no; True when it
+        started. With an ``affinity``, the mirror goes to the endpoint of ``pool`` its
+        conversation's opening picks (``backends/placement.py``), so the mirrors of one long
+        conversation find its prefix cached there after the first; the prefix map does not
+        learn of it (it keeps where the client's answers were served)."""
         reason = self._refusal(pool, cost_tokens)
         if reason is not None:
             self._telemetry.mirror(pool, reason)
             return False
         streamed: dict[str, Any] = {"stream": True}
-        if path not in RELAYED:  # the completions APIs: usage asked for, as the relay does
+        if not api.events:  # a chunk stream: usage asked for, as the relay does
             streamed["stream_options"] = {"include_usage": True}
         body = orjson.dumps(payload | streamed)
         mirrored = replace(labels, pool=pool, shadow=True)
         task = asyncio.create_task(
-            self._run(pool, path, body, mirrored, primary_text, prompt_tokens)
+            self._run(pool, api, body, mirrored, primary_text, prompt_tokens, affinity)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -164,32 +175,31 @@ class ShadowRunner:
     async def _run(
         self,
         pool: str,
-        path: str,
+        api: Api,
         body: bytes,
         labels: Labels,
         primary_text: asyncio.Future[str] | None,
         prompt_tokens: int,
+        affinity: Affinity | None,
     ) -> None:
-        dialect = RELAYED.get(path)
         try:
             async with asyncio.timeout(self._limits.timeout_s):
-                events = dialect is not None
-                opened = await self._pools.open((pool,), path, body, _HEADERS, events=events)
+                opened = await self._pools.open(
+                    (pool,), api.path, body, _HEADERS, opening=api.opening, affinity=affinity
+                )
                 self._telemetry.opened(pool, shadow=True)
                 if self._prefilled is not None:
                     self._prefilled(opened.endpoint.url, prompt_tokens, self._clock())
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
-                measurement = Measurement(Fold(served, self._clock()), self._clock, self._checks)
-                if dialect is not None:  # read to its end, measured, and dropped
-                    shape = shape_of(path)
-                    relayed = EventRelay(
-                        opened, measurement, dialect, clock=self._clock, shape=shape
-                    )
-                    async for _ in relayed.sse():
+                engine = self._engines.of(opened.spec.engine)
+                fold = Fold(served, self._clock())
+                measurement = Measurement(fold, self._clock, self._checks, engine=engine)
+                relay = Relay(opened, measurement, api.dialect, clock=self._clock, shape=api.shape)
+                if api.assemble is None:  # read to its end, measured, and dropped
+                    async for _ in relay.sse():
                         pass
                     return
-                relay = Relay(opened, measurement, include_usage=True, clock=self._clock)
-                answer = await relay.collect(chat=path.endswith("chat/completions"))
+                answer = await relay.collect(chat=api.assemble == "chat")
         except (BackendError, UpstreamErrorEvent, TimeoutError) as exc:
             self._telemetry.mirror(pool, "failed")
             log.info("shadow mirror to %s failed: %s", pool, exc)

@@ -5,28 +5,16 @@ outcome says which one it used. The universal quantity is *tokens per engine ste
 the first token (prefill), which sets the speed, is comparable across k and is visible to
 every signal; the draft acceptance rate is reported only where drafts are visible.
 
-1. ``per_request``: vLLM >= 0.29's ``metrics.speculative_decoding`` on the final usage
-   chunk: drafted and accepted draft tokens, and decode steps = T - 1 - accepted (each
-   step emits its accepted drafts and one token of its own; ngram and suffix proposers
-   draft nothing in steps without a match, and such a step emits one token), but at least
-   ``num_spec_steps``, the steps that drafted: vLLM counts the drafts a step accepted
-   beyond ``max_tokens`` or a stop, which the answer then cuts off, so T - 1 - accepted is
-   a lower bound on the steps. So is the stream's chunk count (below), and the larger of
-   the two is taken. ``num_draft_tokens: 0`` means "no drafts": every step emitted one
-   token. SGLang (0.5.23 read here) streams
-   ``sglext.spec_tokens_details`` when a request asks with ``return_spec_tokens_details``
-   (speclane asks on its own account and drops the chunk again): ``spec_verify_ct`` verify
-   steps, ``spec_num_proposed_drafts`` and ``spec_num_correct_drafts``. TensorRT-LLM's
-   answers say ``avg_decoded_tokens_per_iter``: the request's generated tokens over its
-   decoding iterations, prefill's included, so decode steps = T / avg - 1 (no drafts).
-   Engines other than vLLM (``policies/engines.py``) have any ``speculative_decoding`` they
-   send ignored: a fused Neuron step schedules no drafts, so such a field would say every
-   step emitted one token.
-2. ``chunks``: vLLM sends one chunk per engine step holding every token of that step, and
-   so do vllm-neuron (several tokens per chunk), SGLang and TensorRT-LLM at stream interval
-   1; the first chunk is prefill's one token, so decode steps = content chunks - 1. Nothing
-   about drafts: a step that emitted one token may have drafted k or none. Biased towards
-   fewer steps when the server merges steps (``--stream-interval`` > 1) or a reader lags.
+1. ``per_request``: what the answer says of its own speculation, as its engine gives it
+   and its module in ``gateway/engines/`` reads it (an ``Evidence``, handed to
+   ``Fold.evidence``): drafted and accepted draft tokens and the decode steps, where the
+   engine counts them, or only the decode steps, where it says its tokens per step. The
+   engine module's docstring says which of its fields, and why some engines give none.
+2. ``chunks``: engines send one chunk per engine step holding every token of that step
+   (at a stream interval of 1); the first chunk is prefill's one token, so decode steps =
+   content chunks - 1. Nothing about drafts: a step that emitted one token may have drafted
+   k or none. Biased towards fewer steps when the server merges steps
+   (``--stream-interval`` > 1) or a reader lags.
 3. Pool counters and 4. speed are per pool, not per request; a speculative request without
    1 or 2 says ``speed`` (only its time per output token is known).
 
@@ -44,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-_DRAFTS_PER_REQUEST = frozenset({"vllm"})  # engines whose metrics.speculative_decoding counts
+from gateway.engines import Evidence
 
 
 class Signal(StrEnum):
@@ -79,13 +67,19 @@ class Labels:
     arm: str = ""
     request_id: str = ""  # the client's request (a shadow mirror's is the one it mirrors)
     route: str = "/v1/chat/completions"  # the path it came in on
+    parent: str = ""  # the slice ``slice`` was split from, when splitting is on
+    candidates: tuple[tuple[str, str], ...] = ()  # its value per split key (hashes)
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one finished, failed or cancelled request taught us. ``load`` and ``prefill``
     are what its endpoint carried while it ran (``gateway/measure/load.py``): the mean
-    requests in flight, and the prompt tokens other requests prefilled per step it decoded."""
+    requests in flight, the prompt tokens other requests prefilled per step it decoded, and
+    the prompt tokens its endpoint's cache held meanwhile (``kv``), its own among them, and
+    the requests decoding there meanwhile (``batch``). ``cached_tokens``: the prompt tokens
+    its engine's prefix cache held, None when the answer did not say (vLLM says with
+    ``--enable-prompt-tokens-details``)."""
 
     labels: Labels
     status: Status
@@ -106,9 +100,12 @@ class Outcome:
     decode_s: float | None = None
     load: float | None = None
     prefill: float | None = None
+    kv: float | None = None
+    batch: float | None = None
     admission_s: float | None = None
     queue_s: float | None = None
     checks: tuple[tuple[str, str], ...] = ()
+    cached_tokens: int | None = None
 
     @property
     def serving_s(self) -> float | None:
@@ -146,14 +143,12 @@ class Fold:
     __slots__ = (
         "_chunks",
         "_decided",
+        "_evidence",
         "_first",
         "_finish_reason",
         "_labels",
         "_last",
-        "_metrics",
-        "_per_step",
         "_queue",
-        "_sglang",
         "_started",
         "_usage",
     )
@@ -166,11 +161,13 @@ class Fold:
         self._first: float | None = None
         self._last = started_at
         self._usage: dict[str, Any] = {}
-        self._metrics: dict[str, Any] = {}
         self._finish_reason: str | None = None
-        self._per_step: float | None = None
         self._queue: float | None = None
-        self._sglang: tuple[int, int, int] | None = None
+        self._evidence: Evidence | None = None
+
+    @property
+    def labels(self) -> Labels:
+        return self._labels
 
     def content(self, now: float, finish_reason: str | None = None) -> None:
         """A chunk that carried output tokens arrived at ``now``."""
@@ -184,50 +181,25 @@ class Fold:
     def finished(self, finish_reason: str) -> None:
         self._finish_reason = finish_reason
 
-    def usage(self, usage: dict[str, Any], metrics: dict[str, Any] | None) -> None:
+    def usage(self, usage: dict[str, Any], queue_s: float | None = None) -> None:
+        """The answer's usage, and the time it queued in the engine where it says so
+        (``Engine.timings``)."""
         self._usage = usage
-        if not isinstance(metrics, dict):
-            return
-        spec = metrics.get("speculative_decoding")
-        if isinstance(spec, dict) and self._labels.engine in _DRAFTS_PER_REQUEST:
-            self._metrics = spec
-        queue = metrics.get("queue_time_ms")  # vLLM's --enable-per-request-metrics
-        if isinstance(queue, int | float) and not isinstance(queue, bool) and queue >= 0:
-            self._queue = queue / 1000.0
+        if queue_s is not None:
+            self._queue = queue_s
 
-    def sglang(self, ext: object) -> None:
-        """SGLang's ``sglext.spec_tokens_details`` (asked for with
-        ``return_spec_tokens_details``): its verify steps are the decode steps, and its
-        proposed and correct drafts the draft counts."""
-        details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
-        if isinstance(details, list):  # n > 1: one per choice, which no signal describes
-            return
-        if isinstance(details, dict) and _count(details.get("spec_verify_ct")) > 0:
-            self._sglang = (
-                _count(details.get("spec_verify_ct")),
-                _count(details.get("spec_num_proposed_drafts")),
-                _count(details.get("spec_num_correct_drafts")),
-            )
-
-    def answered(self, choices: object) -> None:
-        """A whole answer's ``choices``: what they say of tokens per step."""
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            self.tokens_per_iteration(choices[0].get("avg_decoded_tokens_per_iter"))
-
-    def tokens_per_iteration(self, value: object) -> None:
-        """TensorRT-LLM's ``avg_decoded_tokens_per_iter`` as an answer or chunk gave it."""
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 1:
-            self._per_step = float(value)
+    def evidence(self, evidence: Evidence) -> None:
+        """What the answer says of its own speculation, as its engine reads it."""
+        self._evidence = evidence
 
     def finish(self, status: Status, now: float, error: str = "") -> Outcome:
         tokens = int(self._usage.get("completion_tokens") or 0)
-        signal, drafted, accepted, steps = self._signal(tokens)
+        signal, drafted, accepted, steps, length = self._signal(tokens)
         ttft = None if self._first is None else self._first - self._started
         tpot = decode = None
         if self._first is not None and tokens > 1 and self._last > self._first:
             decode = self._last - self._first
             tpot = decode / (tokens - 1)
-        length = self._metrics.get("mean_acceptance_length") if drafted else None
         return Outcome(
             labels=self._labels,
             status=status,
@@ -241,37 +213,31 @@ class Fold:
             signal=signal,
             drafted=drafted,
             accepted=accepted,
-            mean_acceptance_length=float(length) if isinstance(length, int | float) else None,
+            mean_acceptance_length=length,
             finish_reason=self._finish_reason,
             error=error,
             steps=steps,
             decode_s=decode,
             admission_s=None if self._decided is None else self._decided - self._started,
             queue_s=self._queue,
+            cached_tokens=_cached(self._usage),
         )
 
-    def _signal(self, tokens: int) -> tuple[Signal, int, int, int | None]:
-        """(signal, drafted, accepted, decode steps) from the best signal there is."""
+    def _signal(self, tokens: int) -> tuple[Signal, int, int, int | None, float | None]:
+        """(signal, drafted, accepted, decode steps, mean acceptance length) from the best
+        signal there is."""
         k = self._labels.k
         decoded = tokens - 1
         if k is None:
-            return Signal.NONE, 0, 0, decoded if decoded > 0 else None
-        if "num_draft_tokens" in self._metrics:
-            drafted = int(self._metrics.get("num_draft_tokens") or 0)
-            accepted = int(self._metrics.get("num_accepted_draft_tokens") or 0) if drafted else 0
-            drafting = _count(self._metrics.get("num_spec_steps")) if drafted else 0
-            steps = max(decoded - accepted, drafting, self._stepped_chunks())
-            return Signal.PER_REQUEST, drafted, accepted, min(steps, decoded) or None
-        if self._sglang is not None and decoded > 0:
-            steps, drafted, accepted = self._sglang
-            return Signal.PER_REQUEST, drafted, min(accepted, drafted), min(steps, decoded)
-        if self._per_step is not None and decoded > 0:
-            steps = round(tokens / self._per_step) - 1
-            return Signal.PER_REQUEST, 0, 0, min(max(steps, -(-decoded // (k + 1))), decoded)
+            return Signal.NONE, 0, 0, decoded if decoded > 0 else None, None
+        if self._evidence is not None:
+            said = self._evidence.said(tokens, k, self._stepped_chunks())
+            if said is not None:
+                return Signal.PER_REQUEST, said.drafted, said.accepted, said.steps, said.mean_length
         if self._labels.chunk_signal and decoded > 0 and self._chunks >= 2:
             # a step emits at most k + 1 tokens: fewer chunks than that means merged steps
-            return Signal.CHUNKS, 0, 0, max(self._chunks - 1, -(-decoded // (k + 1)))
-        return Signal.SPEED, 0, 0, None
+            return Signal.CHUNKS, 0, 0, max(self._chunks - 1, -(-decoded // (k + 1))), None
+        return Signal.SPEED, 0, 0, None, None
 
     def _stepped_chunks(self) -> int:
         """Decode steps as a stream of one chunk per step shows them: a lower bound (a
@@ -279,6 +245,10 @@ class Fold:
         return self._chunks - 1 if self._labels.chunk_signal and self._chunks >= 2 else 0
 
 
-def _count(value: object) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return value if ok else 0  # type: ignore[return-value]
+def _cached(usage: dict[str, Any]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``, where the answer gave it."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+        return cached
+    return None

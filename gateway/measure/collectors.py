@@ -1,6 +1,10 @@
 """Gauges read when /metrics is scraped, never on the request path: each speculative pool's
-acceptance from its own counters, each pool's price, and every slice's guardrail state and
-the guardrail's estimate of what its output tokens cost on each rung.
+acceptance from its own counters, each pool's price, every flag's state (the kill switch
+among them), and every slice's guardrail state and the guardrail's estimate of what its
+output tokens cost on each rung. Read at each scrape, they are what the gateway holds at
+that moment: from its start, after each change of a flag (by ops, by another replica
+through the shared store, or by a policy reload), and without the slices of a rule the
+policy no longer has.
 
 Slice labels go through the same cap as the request counters (``slicecap.py``); slices
 folded into ``other`` appear only in the per-rule counts.
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
@@ -19,6 +23,9 @@ from prometheus_client.registry import Collector
 from gateway.measure.slicecap import SliceLabels
 from gateway.measure.views import Views
 from policies.compiled import CompiledPolicy
+from policies.flags import FlagValue
+
+FLAG_STATES = ("on", "limited", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,44 @@ class Prices(Collector):
         yield price
 
 
+class FlagStates(Collector):
+    """Every flag's state (``gateway/state/flagstore.py``, ``FlagStore.known``): ``on`` for
+    every request, ``limited`` to a rollout under 100% or to some tenants, or ``off``."""
+
+    def __init__(self, known: Callable[[], Mapping[str, tuple[FlagValue, str]]]) -> None:
+        self._known = known
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = GaugeMetricFamily(
+            "speclane_flag_state",
+            "1 for a flag's state: on (every request), limited (a rollout under 100% or some "
+            "tenants) or off; flag speculation is the kill switch, off when speculation is "
+            "disabled for all traffic",
+            labels=["flag", "state", "source"],
+        )
+        rollout = GaugeMetricFamily(
+            "speclane_flag_rollout_percent",
+            "the percentage of routing keys a flag is set for (100 when it has no rollout), "
+            "whatever its state",
+            labels=["flag"],
+        )
+        for name, (value, source) in sorted(self._known().items()):
+            now = flag_state(value)
+            for each in FLAG_STATES:
+                state.add_metric([name, each, source], 1.0 if each == now else 0.0)
+            rollout.add_metric([name], 100.0 if value.rollout is None else value.rollout)
+        yield state
+        yield rollout
+
+
+def flag_state(value: FlagValue) -> str:
+    """``on``, ``limited`` or ``off``: how much traffic a flag's value admits."""
+    if not value.enabled or value.rollout == 0 or value.allow == frozenset():
+        return "off"
+    partial = value.rollout is not None and value.rollout < 100
+    return "limited" if partial or value.allow is not None or value.deny else "on"
+
+
 class GuardrailStates(Collector):
     """Every slice's guardrail state, and the guardrail's cost estimates per rung."""
 
@@ -124,6 +169,8 @@ class GuardrailStates(Collector):
         now = self._wall()
         counts: Counter[tuple[str, str]] = Counter()
         for served in self._views.every():
+            if served.pool is None:  # its rule (or model) is gone from the policy: no series
+                continue
             key, rule, state = served.slice, served.rule, served.state
             counts[rule, state.phase.value] += 1
             if not self._slices.labelled(key):

@@ -1,11 +1,12 @@
-"""The dialect of OpenAI's chat and text completions (``answer.py``'s ``Dialect``), as vLLM,
-SGLang and TensorRT-LLM answer them: streamed chunks and whole bodies read into a
-``Measurement``.
+"""The dialect of OpenAI's chat and text completions (``answer.py``'s ``Dialect``), as every
+engine answers them: streamed chunks and whole bodies read into a ``Measurement``.
 
 A chunk's choices carry output (``content``, ``text``, ``tool_calls``, ``reasoning``) and
-the finish reason; the final usage chunk carries ``usage`` and vLLM's ``metrics``; SGLang
-sends its per-request counts in a chunk of its own (``sglext``); TensorRT-LLM's choices say
-``avg_decoded_tokens_per_iter``. An error object without choices is an error event. Pure.
+the finish reason; the final usage chunk carries ``usage``; an error object without choices
+is an error event. What a chunk or a body says of the answer's speculation and its times
+is the engine's to read (``Measurement.said``, ``Measurement.usage``, ``gateway/engines/``),
+and so is a chunk the engine adds of its own (``Measurement.own``): its usage, if it has
+any, is not the answer's. Pure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Completions:
     """``/v1/chat/completions`` and ``/v1/completions``."""
 
     __slots__ = ()
+    last = None  # a stream of data chunks, ended by [DONE]
 
     def event(
         self, measurement: Measurement, event: dict[str, Any], now: float
@@ -30,8 +32,6 @@ class Completions:
                     measurement.structure.delta(choice)
                 delta = choice.get("delta") or choice
                 finish = choice.get("finish_reason")
-                if "avg_decoded_tokens_per_iter" in choice:  # TensorRT-LLM's tokens per step
-                    measurement.fold.tokens_per_iteration(choice["avg_decoded_tokens_per_iter"])
                 if (
                     delta.get("content")
                     or delta.get("text")
@@ -46,24 +46,22 @@ class Completions:
                     measurement.finished(finish)
         elif "error" in event:
             return _failure(event["error"])
-        elif "sglext" in event:  # SGLang's per-request counts (return_spec_tokens_details)
-            measurement.fold.sglang(event["sglext"])
-        elif "usage" in event:
-            measurement.usage(event["usage"] or {}, event.get("metrics"))
+        elif "usage" in event and not measurement.own(event):
+            measurement.usage(event["usage"] or {}, event)
+        measurement.said(event)
         return None
 
     def whole(self, measurement: Measurement, body: dict[str, Any]) -> None:
-        metrics = body.get("metrics")
-        measurement.usage(body.get("usage") or {}, metrics)
+        measurement.usage(body.get("usage") or {}, body)
+        measurement.said_whole(body)
         choices = body.get("choices")
-        measurement.fold.answered(choices)
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             reason = choices[0].get("finish_reason")
             if isinstance(reason, str) and reason:
                 measurement.finished(reason)
         if measurement.structure is not None:
             measurement.structure.body(body)
-        measurement.answered(answer_text(body), metrics)
+        measurement.answered(answer_text(body), body)
 
 
 COMPLETIONS = Completions()

@@ -5,9 +5,11 @@
 outcome its mean load (the requests in flight on its endpoint over its life, and the prompt
 tokens prefilled beside it per step, ``load.py``), then hands it, at one wall-clock time, to
 live statistics (the guardrail's evidence, ``livestats.py``), the metrics
-(``telemetry.py``), the per-pool count of acceptance signals (``signals.py``) and the
-outcome log (``outcomelog.py``). O(1) and never awaits. ``Feedback.prefilled`` tells the
-load meter that an endpoint prefilled a prompt (a stream opened, a whole answer came).
+(``telemetry.py``), the per-pool count of acceptance signals (``signals.py``), the
+prefix-cache tally (``cachehits.py``), the slice's conversations (output tokens per turn,
+``conversations.py``) and the outcome log (``outcomelog.py``). O(1) and
+never awaits. ``Feedback.prefilled`` tells the load meter that an endpoint prefilled a
+prompt (a stream opened, a whole answer came).
 
 ``Feedback.canary_failed`` turns the canary's verdict on a slice (greedy output differs on
 speculation, ``canary.py``) into a guardrail alarm on that slice.
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.measure.acceptance import Outcome
+from gateway.measure.acceptance import Outcome, Status
+from gateway.measure.cachehits import CacheHits
 from gateway.measure.canary import CanaryCounts
+from gateway.measure.conversations import Conversations
 from gateway.measure.livestats import LiveStats
 from gateway.measure.load import LoadMeter, loaded_outcome
 from gateway.measure.outcomelog import OutcomeLog
@@ -29,7 +33,16 @@ from gateway.measure.telemetry import Telemetry
 class Feedback:
     """Fans each outcome out to everything that learns from it."""
 
-    __slots__ = ("_load", "_stats", "_telemetry", "_wall", "outcomes", "signals")
+    __slots__ = (
+        "_load",
+        "_stats",
+        "_telemetry",
+        "_wall",
+        "cache",
+        "conversations",
+        "outcomes",
+        "signals",
+    )
 
     def __init__(
         self,
@@ -46,6 +59,8 @@ class Feedback:
         self.outcomes = outcomes
         self._load = load
         self._wall = wall
+        self.cache = CacheHits()
+        self.conversations = Conversations()
 
     def record(self, outcome: Outcome) -> None:
         loaded = loaded_outcome(self._load, outcome)
@@ -53,12 +68,16 @@ class Feedback:
         self._stats.record(loaded, now)
         self._telemetry.observe(loaded)
         self.signals.record(loaded)
+        self.cache.add(loaded)
+        if not loaded.labels.shadow and loaded.status is Status.OK:
+            self.conversations.answered(loaded.labels.slice, loaded.completion_tokens)
         self.outcomes.add(loaded, now)
 
-    def prefilled(self, url: str, prompt_tokens: int, now: float) -> None:
+    def prefilled(self, url: str, prompt_tokens: int, now: float, request_id: str = "") -> None:
         """An endpoint prefilled a prompt by ``now`` (a stream opened, or a whole answer
-        came): the load meter counts it against the requests decoding beside it."""
-        self._load.prefill(url, prompt_tokens, now)
+        came): the load meter counts it against the requests decoding beside it, and holds
+        it in the endpoint's cache until the request's outcome."""
+        self._load.prefill(url, prompt_tokens, now, request_id)
 
     def canary_failed(self, slice_key: str, counts: CanaryCounts) -> None:
         rate = counts.matched / counts.compared

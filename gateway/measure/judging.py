@@ -32,7 +32,7 @@ from policies.economics import (
     span_targets,
     transfer,
 )
-from policies.guardrail import Economics, Evidence, Phase
+from policies.guardrail import Economics, Evidence, Latency, Phase
 from policies.model import Guardrail
 from policies.steptime import StepTime
 
@@ -95,7 +95,49 @@ class Judge:
                 )
                 decided_by = probes.n if probes is not None else 0
         lower = rungs[serving + 1].step if serving + 1 < len(ladder.pools) else None
-        return Seen(Economics(below, above, probes, drop=drop), near, lower, decided_by)
+        latency = self._latency(entry, place, serving, now)
+        latency_above = self._latency(entry, place, serving - 1, now, climbing=True)
+        economics = Economics(
+            below, above, probes, drop=drop, latency=latency, latency_above=latency_above
+        )
+        return Seen(economics, near, lower, decided_by)
+
+    def _latency(
+        self,
+        entry: SliceRecord,
+        place: Placement,
+        upper: int,
+        now: float,
+        *,
+        climbing: bool = False,
+    ) -> Latency | None:
+        """The slice's TTFT p50 on speculative rung ``upper`` and on the rung below it, as
+        the latency rule compares them: the upper rung's from the requests it served as the
+        slice's rung (carrying the slice's load: ``_carried`` in ``livestats.py``) since the
+        slice entered its phase, never from probes taken while it was served below nor from
+        before it last came up, and the lower rung's from all of its newest requests.
+        ``climbing`` (``upper`` is the rung above the serving one):
+        as they would be after the climb, the lower rung's from the requests it served
+        without the slice's load (exploration and mirrors from before the fall). Where the
+        slice has too few requests in that condition, what bounds it stands in (any
+        request on the upper rung, which had at most the slice's load there; every request
+        on the lower one, which had at least the slice's load there), so the rule holds a
+        climb only where it would fire even on the bound."""
+        ladder = place.ladder
+        if upper < place.start or upper + 1 >= len(ladder.pools) or ladder.k[upper] is None:
+            return None
+        n = place.guardrail.min_samples
+        up_pool, down_pool = ladder.pools[upper], ladder.pools[upper + 1]
+        since = float("-inf") if climbing else entry.state.since
+        up = entry.ttft_p50(up_pool, now, n, carried=True, since=since)
+        down = None
+        if climbing:
+            up = up or entry.ttft_p50(up_pool, now, n)
+            down = entry.ttft_p50(down_pool, now, n, carried=False)
+        down = down or entry.ttft_p50(down_pool, now, n)
+        if up is None or down is None:
+            return None
+        return Latency(up[0], down[0], min(up[1], down[1]))
 
     def _rung(
         self,
@@ -126,7 +168,7 @@ class Judge:
                     tallies = tuple(transfer(t, other, k) for t in source)
                     transferred = True
                     break
-        step = self.steps.at(ladder, i, load, config.draft_cost_ratio, now)
+        step = self.steps.at(ladder, i, load, config.draft_cost_ratio, now, entry.context)
         policy = self._policy()
         prices = [policy.price(p) for p in ladder.pools if p in policy.pools]
         price = policy.price(pool)

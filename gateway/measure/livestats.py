@@ -36,16 +36,17 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from gateway.measure.acceptance import Outcome, Signal, Status
+from gateway.measure.acceptance import Labels, Outcome, Signal, Status
+from gateway.measure.children import Splitter
 from gateway.measure.judging import Judge, Load, Seen
 from gateway.measure.replica import Replica
-from gateway.measure.slicerecord import RECENT, SliceRecord, counts_of
+from gateway.measure.slicerecord import SliceRecord, counts_of
 from gateway.measure.slices import Slices
-from gateway.measure.steptimes import EXPLORE_PER_MINUTE, StepTimes
+from gateway.measure.steptimes import EXPLORE_PER_MINUTE, StepTimes, context_of
 from gateway.measure.views import Views
-from gateway.measure.windows import Counts, Window
+from gateway.measure.windows import Counts
 from policies.compiled import CompiledPolicy, Ladder, Placement
-from policies.economics import hinges, leaning
+from policies.economics import exploring
 from policies.guardrail import (
     NOTHING,
     ON_START,
@@ -60,6 +61,7 @@ from policies.guardrail import (
     step_economic,
 )
 from policies.model import ProbeMode
+from policies.splitting import Split, route
 from policies.steptime import StepFit
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class LiveStats:
         self.judge = Judge(policy, self.steps, load)
         self.replica = Replica(self.slices)
         self.views = Views(self.slices, self.judge, policy, self.unattributed)
+        self.splitter = Splitter(self.slices, self.judge, policy)
         self._unmeasured: dict[str, dict[str, int]] = {}
         self._due: set[str] = set()
 
@@ -96,6 +99,11 @@ class LiveStats:
     def guards(self) -> Mapping[str, SliceState]:
         """Every slice not in its initial state: what a decision reads."""
         return self.slices.guards
+
+    @property
+    def splits(self) -> Mapping[str, Split]:
+        """Every slice split by application now: what a decision reads."""
+        return self.slices.splits
 
     @property
     def events(self) -> deque[Transition]:
@@ -108,12 +116,19 @@ class LiveStats:
 
     def record(self, outcome: Outcome, now: float) -> None:
         labels = outcome.labels
-        entry = self.slices.touch(labels.slice, labels.model, labels.rule, now)
+        key = self._owner(labels)
+        entry = self.slices.touch(key, labels.model, labels.rule, now)
         self.steps.learn(outcome, now)
-        current = labels.epoch == entry.state.version
+        current = key == labels.slice and labels.epoch == entry.state.version
         if outcome.status is Status.CANCELLED:
             return
+        own = context_of(outcome)
+        entry.note_context(own)
+        ttft = outcome.ttft_s if outcome.status is Status.OK else None
         place = self._policy().placement(labels.rule, labels.model)
+        carried = _carried(labels, place, entry.state)
+        if ttft is not None:
+            entry.first_token(labels.pool, ttft, now, carried)
         if place is None:
             return
         entry.economic = place.guardrail.economic
@@ -123,24 +138,31 @@ class LiveStats:
         if probing and labels.pool != place.pool(entry.state.offset):
             entry.probes += 1
             entry.probed_at = now
-        window_s = entry.window_s = place.guardrail.window_s
-        window = entry.windows.get(labels.pool)
-        if window is None or window.window_s != window_s:
-            window = entry.windows[labels.pool] = Window(window_s)
+        if labels.pool != place.pool(entry.state.offset):
+            _probe_prefill(entry, outcome)
+        entry.window_s = place.guardrail.window_s
         counts = counts_of(outcome)
-        window.add(now, counts)
-        if counts.stepped:
-            recent = entry.recent.get(labels.pool)
-            if recent is None:
-                recent = entry.recent[labels.pool] = deque(maxlen=RECENT)
-            recent.append((now, counts.tokens, counts.steps))
+        entry.add(labels.pool, counts, now)
+        if labels.candidates and entry.economic:
+            self.splitter.record(
+                labels, place, counts, now, context=own, ttft_s=ttft, carried=carried
+            )
         if outcome.signal is Signal.SPEED and outcome.status is Status.OK:
             per_slice = self._unmeasured.setdefault(labels.pool, {})
-            per_slice[labels.slice] = per_slice.get(labels.slice, 0) + 1
+            per_slice[key] = per_slice.get(key, 0) + 1
         if entry.economic and now - entry.judged < JUDGE_EVERY_S:
-            self._due.add(labels.slice)  # judged by the next outcome after that, or tick
+            self._due.add(key)  # judged by the next outcome after that, or tick
             return
-        self._step(labels.slice, entry, place, now)
+        self._step(key, entry, place, now)
+
+    def _owner(self, labels: Labels) -> str:
+        """The slice whose evidence an outcome is: the one it was decided in, unless its
+        slice split or merged while it ran. A request decided in a parent that has split
+        since belongs to its application's child (the parent is now the rest), and one
+        decided in a child merged since belongs to the parent."""
+        if not labels.parent:
+            return labels.slice
+        return route(labels.parent, labels.candidates, self.slices.splits)
 
     def pool_counters(self, pool: str, drafted: int, accepted: int, now: float) -> None:
         """A pool's draft/accepted tokens since the last scrape (acceptance signal 3). They
@@ -176,13 +198,19 @@ class LiveStats:
         """Step every slice that is not on its start rung (cooldowns end with time alone),
         and every slice with outcomes not judged yet."""
         policy = self._policy()
-        due, self._due = self._due, set()
+        due, self._due = self._due | self.splitter.take_made(), set()
         guards = self.slices.guards
         for key in [*guards, *(k for k in due if k not in guards)]:
-            entry = self.slices.records.get(key)
-            place = entry and policy.placement(entry.rule, entry.model)
-            if entry is not None and place:
-                self._step(key, entry, place, now)
+            self._step_now(key, policy, now)
+        self.splitter.tick(now)
+        for key in self.splitter.take_made():  # children split off just now
+            self._step_now(key, policy, now)
+
+    def _step_now(self, key: str, policy: CompiledPolicy, now: float) -> None:
+        entry = self.slices.records.get(key)
+        place = entry and policy.placement(entry.rule, entry.model)
+        if entry is not None and place:
+            self._step(key, entry, place, now)
 
     def policy_changed(self, policy: CompiledPolicy) -> None:
         """Clip fallen-back slices to the new policy's ladders (a ladder may have shrunk)."""
@@ -250,10 +278,10 @@ class LiveStats:
         last = entry.probed_at if entry.probed_at is not None else entry.state.since
         economics = replace(
             seen.economics,
-            probe_count=entry.probes,
             rate=rate,
             tokens=tokens,
             since_probe=now - last if entry.state.phase is Phase.PROBING else None,
+            prefill=self._probe_prefill(key, entry, place, serving, tokens, now),
         )
         state, transition = step_economic(key, entry.state, economics, place.guardrail, now)
         if transition is not None:
@@ -266,22 +294,49 @@ class LiveStats:
             self.slices.publish()
         self._explore(key, entry, place, seen, rate, now)
 
+    def _probe_prefill(
+        self,
+        key: str,
+        entry: SliceRecord,
+        place: Placement,
+        serving: int,
+        tokens: float | None,
+        now: float,
+    ) -> float | None:
+        """A probe's prefill on the rung above, in requests on the serving rung
+        (``Economics.prefill``): its probes' uncached prompt tokens there (before any, the
+        slice's context), priced at the rung above's seconds per prompt token, over a
+        request's output tokens at the serving rung's seconds per output token."""
+        if serving <= place.start or not tokens:
+            return None
+        above, here = place.ladder.pools[serving - 1], place.ladder.pools[serving]
+        prefill = self.views.prefill_seconds_per_token(key, now).get(above)
+        decode = self.views.seconds_per_token(key, now).get(here)
+        prompt = entry.probe_prefill if entry.probe_prefill is not None else entry.context
+        if prefill is None or not decode or prompt is None:
+            return None
+        return prompt * prefill / (tokens * decode)
+
     def _explore(
         self, key: str, entry: SliceRecord, place: Placement, seen: Seen, rate: float, now: float
     ) -> None:
         """The share of the slice sent one rung down while its judgement hinges on that
-        pool's step time, and whether it is served there (live) or mirrored."""
+        pool's step time, and whether it is served there (live) or mirrored.
+
+        A slice leaning towards that pool serves its own lean there, which costs nothing
+        in expectation; mirrors, a whole request each, come from the pool's budget when
+        knowing is worth them (``policies/economics.py: exploring``)."""
         config, pools = place.guardrail, place.ladder.pools
         serving = place.serving(entry.state.offset)
         explore, live = 0.0, False
         if serving + 1 < len(pools):
-            need = hinges(seen.near, seen.lower, rate, EXPLORE_PER_MINUTE / 60.0)
-            pool = pools[serving + 1]
-            explore = self.steps.explore_share(pool, key, rate, need, config.probe_fraction, now)
             live = seen.near is not None and seen.near.z >= 0.0
             live = live and config.probe is ProbeMode.LIVE
-            if need and live:
-                explore = max(explore, leaning(seen.near))
+            cost = EXPLORE_PER_MINUTE / 60.0
+            hinged, lean = exploring(seen.near, seen.lower, rate, live=live, cost=cost)
+            pool = pools[serving + 1]
+            explore = self.steps.explore_share(pool, key, rate, hinged, config.probe_fraction, now)
+            explore = max(explore, lean)
             live = live and explore > 0
         if (explore, live) != (entry.state.explore, entry.state.explore_live):
             entry.state = replace(entry.state, explore=explore, explore_live=live)
@@ -303,3 +358,26 @@ class LiveStats:
 def _by_probes(seen: Economics) -> bool:
     """Did the newest probes, rather than the whole window, decide a climb?"""
     return seen.probes is not None and seen.probes.verdict > 0
+
+
+def _carried(labels: Labels, place: Placement | None, state: SliceState) -> bool:
+    """Did the request's pool serve it as its slice's rung, carrying the slice's load (not
+    a probe, a mirror or an exploration of another rung)?"""
+    if labels.probe or labels.shadow:
+        return False
+    if place is None or labels.epoch != state.version:
+        return True  # decided before the slice last moved: on its rung then
+    return labels.pool == place.pool(state.offset)
+
+
+def _probe_prefill(entry: SliceRecord, outcome: Outcome) -> None:
+    """A probe's (live or mirrored) uncached prompt tokens, into its slice's mean, when its
+    answer said what was cached."""
+    labels = outcome.labels
+    if not (labels.probe or labels.shadow) or outcome.status is not Status.OK:
+        return
+    if outcome.cached_tokens is None:
+        return
+    own = float(max(outcome.prompt_tokens - outcome.cached_tokens, 0))
+    mean = entry.probe_prefill
+    entry.probe_prefill = own if mean is None else mean + 0.1 * (own - mean)

@@ -91,6 +91,47 @@ class _Endpoint:
     areas: array[float] = field(default_factory=_doubles)
     prefill_times: array[float] = field(default_factory=_doubles)
     prefilled: array[float] = field(default_factory=_doubles)
+    # prompt tokens held by requests prefilled and not yet ended, and its time integral
+    cached: dict[str, tuple[float, float]] = field(default_factory=dict)
+    kv: float = 0.0
+    kv_area: float = 0.0
+    seq_area: float = 0.0
+    kv_at: float = 0.0
+    kv_times: array[float] = field(default_factory=_doubles)
+    kv_areas: array[float] = field(default_factory=_doubles)
+    seq_areas: array[float] = field(default_factory=_doubles)
+
+    def kv_move(self, now: float, delta: float, seqs: int) -> None:
+        """The cached prompt tokens change by ``delta`` and the decoding requests by
+        ``seqs`` at ``now`` (one history entry per ``PREFILL_WINDOW_S``: the window's entry
+        moved to its newest change)."""
+        now = max(now, self.kv_at)
+        self.kv_area += self.kv * (now - self.kv_at)
+        self.seq_area += len(self.cached) * (now - self.kv_at)
+        self.kv_at = now
+        self.kv = max(self.kv + delta, 0.0)
+        times = self.kv_times
+        if len(times) >= 2 and now - times[-2] < PREFILL_WINDOW_S:
+            times[-1], self.kv_areas[-1], self.seq_areas[-1] = now, self.kv_area, self.seq_area
+            return
+        times.append(now)
+        self.kv_areas.append(self.kv_area)
+        self.seq_areas.append(self.seq_area)
+
+    def cached_at(self, t: float) -> tuple[float, float]:
+        """The integrals of cached prompt tokens and of decoding requests up to ``t``,
+        interpolated between entries."""
+        if t >= self.kv_at:
+            dt = t - self.kv_at
+            return self.kv_area + self.kv * dt, self.seq_area + len(self.cached) * dt
+        i = bisect_left(self.kv_times, t)
+        if i == 0:
+            return (self.kv_areas[0], self.seq_areas[0]) if self.kv_areas else (0.0, 0.0)
+        t0, t1 = self.kv_times[i - 1], self.kv_times[i]
+        f = (t - t0) / (t1 - t0) if t1 > t0 else 1.0
+        kv = self.kv_areas[i - 1] + (self.kv_areas[i] - self.kv_areas[i - 1]) * f
+        seqs = self.seq_areas[i - 1] + (self.seq_areas[i] - self.seq_areas[i - 1]) * f
+        return kv, seqs
 
     def area_at(self, t: float) -> float:
         """The integral up to ``t``, interpolated between samples."""
@@ -108,10 +149,21 @@ class _Endpoint:
         return self.prefilled[i - 1] if i else 0.0
 
     def forget(self, before: float) -> None:
-        for times, values in ((self.times, self.areas), (self.prefill_times, self.prefilled)):
+        for times, values in (
+            (self.times, self.areas),
+            (self.prefill_times, self.prefilled),
+        ):
             i = bisect_left(times, before)
             if i > len(times) // 2:  # in halves: amortised O(1) per sample
                 del times[:i], values[:i]
+        i = bisect_left(self.kv_times, before)
+        if i > len(self.kv_times) // 2:
+            del self.kv_times[:i], self.kv_areas[:i], self.seq_areas[:i]
+        stale = [key for key, (_, at) in self.cached.items() if at < before]
+        if len(stale) > len(self.cached) // 2:  # requests that never ended: let them go
+            for key in stale:
+                self.kv_move(self.kv_at, -self.cached[key][0], -1)
+                del self.cached[key]
 
 
 class LoadMeter:
@@ -181,9 +233,13 @@ class LoadMeter:
         e.others = beyond if e.others is None else 0.5 * e.others + 0.5 * beyond
         e.scraped_at = now
 
-    def prefill(self, url: str, tokens: int, now: float) -> None:
-        """``url`` prefilled a prompt of ``tokens`` by ``now``."""
+    def prefill(self, url: str, tokens: int, now: float, key: str = "") -> None:
+        """``url`` prefilled a prompt of ``tokens`` by ``now``; with ``key`` (the request's),
+        its cache holds them until ``release`` with the same key."""
         e = self._endpoint(url, now)
+        if key and key not in e.cached:
+            e.kv_move(now, max(tokens, 0), 1)
+            e.cached[key] = (float(max(tokens, 0)), now)
         times, totals = e.prefill_times, e.prefilled
         total = (totals[-1] if totals else 0.0) + max(tokens, 0)
         if times and now < times[-1]:
@@ -193,6 +249,26 @@ class LoadMeter:
             return
         times.append(now)
         totals.append(total)
+
+    def release(self, url: str, key: str, now: float) -> None:
+        """The request ``key`` prefilled on ``url`` ended by ``now``: its cache is freed."""
+        e = self._endpoints.get(url.rstrip("/"))
+        held = e.cached.get(key) if e is not None and key else None
+        if e is not None and held is not None:
+            e.kv_move(now, -held[0], -1)
+            del e.cached[key]
+
+    def cached(self, url: str, since: float, until: float) -> tuple[float, float] | None:
+        """Mean prompt tokens held in ``url``'s cache, and mean requests decoding there
+        (prefilled and not ended: the engine's batch, where the in-flight count also holds
+        those still queued), between ``since`` and ``until``, from the requests prefilled
+        with a key; None without any."""
+        e = self._endpoints.get(url.rstrip("/"))
+        if e is None or until <= since or not e.kv_times:
+            return None
+        kv0, seqs0 = e.cached_at(since)
+        kv1, seqs1 = e.cached_at(until)
+        return (kv1 - kv0) / (until - since), (seqs1 - seqs0) / (until - since)
 
     def prefilled(self, url: str, since: float, until: float) -> float:
         """Prompt tokens ``url`` prefilled after ``since`` and by ``until``."""
@@ -220,13 +296,21 @@ class LoadMeter:
             await asyncio.sleep(interval_s)
 
 
-def loaded_outcome(load: LoadMeter, outcome: Outcome) -> Outcome:
+def loaded_outcome(load: LoadMeter, outcome: Outcome, key: str = "") -> Outcome:
     """``outcome`` with the load it ran at: the mean requests in flight on its endpoint over
-    its life, and the prompt tokens its endpoint prefilled per step while it decoded."""
+    its life, the prompt tokens its endpoint prefilled per step while it decoded, and the
+    prompt tokens its endpoint's cache held meanwhile and the requests decoding beside it
+    (``kv`` and ``batch``: what its steps read and ran, from the requests told with a
+    key). ``key``: the request's key at ``prefill`` (default its request id), released
+    here."""
     url, end = outcome.labels.endpoint, outcome.started_at + outcome.duration_s
+    load.release(url, key or outcome.labels.request_id, end)
     mean = load.mean(url, outcome.started_at, end)
-    prefill = None
+    prefill = kv = batch = None
     if outcome.ttft_s is not None and outcome.decode_s and outcome.steps:
         first = outcome.started_at + outcome.ttft_s
         prefill = load.prefilled(url, first, first + outcome.decode_s) / outcome.steps
-    return replace(outcome, load=mean or outcome.load, prefill=prefill)
+        cached = load.cached(url, first, first + outcome.decode_s)
+        if cached is not None and cached[1] >= 1.0:
+            kv, batch = cached
+    return replace(outcome, load=mean or outcome.load, prefill=prefill, kv=kv, batch=batch)

@@ -16,17 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.errors import ANTHROPIC_STATUS
 from gateway.measure.answer import Measurement
 
-# the status of each error type Anthropic names; any other is a server error
-_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-}
 LAST = frozenset({"message_stop"})
 
 
@@ -68,13 +60,25 @@ MESSAGES = Messages()
 
 
 def openai_usage(usage: object) -> dict[str, Any]:
-    """Anthropic's (and Responses') ``input_tokens``/``output_tokens`` in OpenAI's names."""
+    """Anthropic's (and Responses') ``input_tokens``/``output_tokens`` in OpenAI's names,
+    and the prompt tokens the engine's prefix cache held as chat's
+    ``prompt_tokens_details.cached_tokens``: Messages' ``cache_read_input_tokens``,
+    Responses' ``input_tokens_details.cached_tokens``. ``input_tokens`` is the whole prompt
+    as the engines that serve it count it (Anthropic's own API counts only the uncached
+    part)."""
     if not isinstance(usage, dict):
         return {}
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": usage.get("input_tokens") or 0,
         "completion_tokens": usage.get("output_tokens") or 0,
     }
+    details = usage.get("input_tokens_details")
+    cached = usage.get("cache_read_input_tokens")
+    if cached is None and isinstance(details, dict):
+        cached = details.get("cached_tokens")
+    if isinstance(cached, int) and not isinstance(cached, bool):
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def failure(error: object) -> tuple[str, int | None]:
@@ -82,7 +86,7 @@ def failure(error: object) -> tuple[str, int | None]:
     if not isinstance(error, dict):
         return f"upstream error: {error}", None
     kind = error.get("type")
-    status = _STATUS.get(kind) if isinstance(kind, str) else None
+    status = ANTHROPIC_STATUS.get(kind) if isinstance(kind, str) else None
     return f"upstream error: {error.get('message', '')}", status
 
 

@@ -7,8 +7,10 @@ replica as last pulled, and a slice's evidence is their sum. While the store is
 ``reachable``, transitions are not applied locally but proposed; the store applies each one
 once for everybody (compare-and-set on the state's version) and the replica then
 ``apply``-s it, ``adopt``-s the state another replica won with, or ``abandon``-s the
-proposal. While the store is unreachable the replica applies its transitions itself, as a
-single process does.
+proposal. Splits by application (``children.py``) are agreed the same way: a split or
+merge is proposed with its version, the store places it once, and every replica applies
+the newest it pulls. While the store is unreachable the replica applies its transitions
+and splits itself, as a single process does.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gateway.measure.slicerecord import Increment
 from gateway.measure.slices import Slices
 from gateway.measure.windows import Counts, Window
 from policies.guardrail import ON_START, SliceState, Transition
+from policies.splitting import Split
 
 
 class Kept(NamedTuple):
@@ -63,11 +66,32 @@ class Replica:
         if not connected:
             for key, transition in self.take_proposals().items():
                 self.apply(key, transition)
+            for split in self.take_split_proposals().values():
+                self.apply_split(split, split.since)
 
     def take_proposals(self) -> dict[str, Transition]:
         slices = self._slices
         taken, slices.proposals = slices.proposals, {}
         return taken
+
+    def take_split_proposals(self) -> dict[str, Split]:
+        slices = self._slices
+        taken, slices.split_proposals = slices.split_proposals, {}
+        return taken
+
+    def apply_split(self, split: Split, now: float) -> bool:
+        """A split or merge the store placed, or another replica did (when newer than the
+        one known): children made or dropped. True when it changed."""
+        return self._slices.apply_split(split, now)
+
+    def adopt_split(self, split: Split, now: float) -> bool:
+        """A split another replica placed, when newer than the one known (not logged
+        here). True when it changed."""
+        return self._slices.apply_split(split, now, logged=False)
+
+    def splits(self) -> Iterator[Split]:
+        """Every split known, merged ones too (their versions go on rising)."""
+        yield from self._slices.split_versions.values()
 
     def apply(self, key: str, transition: Transition) -> None:
         self._slices.apply(key, transition)

@@ -1,8 +1,8 @@
 """Acceptance signal 3: the speculative pools' own counters, scraped and differenced.
 
 Every ``interval_s`` (and once at start) each speculative endpoint is read the way its
-engine shows speculation (``gateway/measure/engine_scrape.py``: vLLM's counters,
-TensorRT-LLM's cumulative or drained-on-read stats, SGLang's gauges); the pool's draft and
+engine shows speculation (``gateway/measure/engine_scrape.py``, ``Engine.figures``:
+cumulative counters, counters drained on read, or gauges); the pool's draft and
 accepted token counts since the last scrape are the pool-level acceptance, a cross-check
 shown in metrics and on the admin API. When the requests a pool served without a
 per-request signal (``speed``) all belonged to one slice, the counts are that slice's
@@ -13,13 +13,13 @@ What ``/metrics`` shows per pool (``PoolReading``) is the acceptance over the di
 the last ``window_s``, never an old value kept forever: a pool that stops drafting or stops
 answering its scrapes drops out once its last differences are older than the window, and
 ``fed_at`` says when drafts last came in. Before a second reading of any endpoint exists,
-the first reading's lifetime totals stand in (``basis="lifetime"``). SGLang's gauge stands
-as it is (``basis="gauge"``).
+the first reading's lifetime totals stand in (``basis="lifetime"``). An engine's gauge
+(``Engine.gauged``) stands as it is (``basis="gauge"``).
 
 A pool that drafted and then decodes on (``work``: generated tokens or iterations) through
 ``OFF_AFTER`` scrapes in a row without a draft is said to have speculation off
-(``speculation``: TensorRT-LLM's ``acceptance_rate_threshold`` does that for good, its
-``max_concurrency`` above a batch size); it is logged once, shown on ``/admin/pools`` and
+(``speculation``: an engine's speculation gate may do that for good, or above a batch
+size; ``gateway/engines/``); it is logged once, shown on ``/admin/pools`` and
 ``/readyz``, and says ``on`` again when drafts come back.
 
 Explained for operators, with its numbers, in docs/measuring.md ("Engines").
@@ -37,6 +37,7 @@ from backends.counters import SpecCounters
 from backends.errors import BackendError
 from backends.pool import Pools
 from backends.upstream import Upstream
+from gateway.engines import ENGINES, Engine, Registry
 from gateway.measure.engine_scrape import Drain, EngineReader, Gauges, tallied
 from gateway.measure.livestats import LiveStats
 from gateway.measure.telemetry import PoolReading
@@ -87,13 +88,14 @@ class PoolScraper:
         timeout_s: float = 2.0,
         window_s: float = 60.0,
         drain: Drain | None = None,
+        engines: Registry = ENGINES,
     ) -> None:
         self._pools = pools
         self._stats = stats
         self._wall = wall
         self.window_s = window_s
         self._published = published
-        self._reader = EngineReader(upstream, drain or _local_drain(), timeout_s)
+        self._reader = EngineReader(upstream, drain or _local_drain(), timeout_s, engines)
         self._readings: dict[str, SpecCounters] = {}
         self._history: dict[str, _History] = {}
         self.latest: dict[str, SpecCounters] = {}
@@ -118,10 +120,11 @@ class PoolScraper:
             if not spec.speculative:
                 continue
             urls = [e.url for e in self._pools.endpoints.get(name, ())]
-            if spec.engine == "sglang":
-                await self._gauges(name, urls, now)
+            engine = self._reader.engine(spec.engine)
+            if engine.gauged:
+                await self._gauges(name, urls, now, engine)
                 continue
-            readings = await asyncio.gather(*(self._read(url, spec.engine) for url in urls))
+            readings = await asyncio.gather(*(self._read(url, engine) for url in urls))
             delta, first = SpecCounters(), SpecCounters()
             for url, reading in zip(urls, readings, strict=True):
                 if reading is None:
@@ -163,29 +166,31 @@ class PoolScraper:
         if history.dry >= OFF_AFTER and history.off_since is None:
             history.off_since = now
             log.warning(
-                "pool %s decodes without drafting (%d scrapes): speculation is off; a "
-                "TensorRT-LLM acceptance_rate_threshold keeps it off until the server restarts",
+                "pool %s decodes without drafting (%d scrapes): speculation is off; an "
+                "engine's speculation gate may keep it off until the server restarts",
                 name,
                 history.dry,
             )
 
-    async def _gauges(self, name: str, urls: list[str], now: float) -> None:
-        """SGLang: its gauges as they are (the first endpoint that answers)."""
+    async def _gauges(self, name: str, urls: list[str], now: float, engine: Engine) -> None:
+        """An engine's gauges as they are (the first endpoint that answers)."""
         for url in urls:
             try:
-                gauges = await self._reader.gauges(url)
+                gauges = await self._reader.read(url, engine)
             except BackendError as exc:
                 self.failures += 1
                 log.debug("scrape of %s failed: %s", url, exc)
                 continue
+            if not isinstance(gauges, Gauges):
+                return
             self.gauges[name] = gauges
             if gauges.rate is not None:
                 self._published[name] = PoolReading(gauges.rate, now, "gauge")
             return
 
-    async def _read(self, url: str, engine: str) -> SpecCounters | None:
+    async def _read(self, url: str, engine: Engine) -> SpecCounters | None:
         try:
-            return await self._reader.counters(url, engine)
+            reading = await self._reader.read(url, engine)
         except BackendError as exc:
             self.failures += 1
             log.debug("scrape of %s failed: %s", url, exc)
@@ -194,6 +199,7 @@ class PoolScraper:
             self.failures += 1
             log.warning("cannot parse what %s shows of speculation: %s", url, exc)
             return None
+        return reading if isinstance(reading, SpecCounters) else None
 
     async def run(self, interval_s: float) -> None:
         while True:

@@ -1,7 +1,9 @@
 """What live statistics keep per slice (``livestats.py`` records it, ``judging.py`` judges it): its
 windows per pool, local and pulled from other replicas, its newest requests one by one for
-the short spans of the economic judge, the floor its evidence starts at, and the counts one
-outcome adds. Pure data and arithmetic; time is an argument.
+the short spans of the economic judge, its newest times to first token per pool (those the
+pool served as the slice's rung apart from its probes, mirrors and explorations), the floor
+its evidence starts at, and the counts one outcome adds. Pure data and arithmetic; time is
+an argument.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from statistics import median
 
 from gateway.measure.acceptance import Outcome, Status
 from gateway.measure.windows import BUCKETS, Counts, Window, total_since
@@ -17,6 +20,7 @@ from policies.economics import Tally
 from policies.guardrail import ON_START, Phase, SliceState
 
 RECENT = 16  # per slice and pool, the newest requests kept one by one for the short spans
+TTFT_KEPT = 32  # per slice, pool and kind, the newest times to first token (the latency rule)
 
 
 @dataclass(slots=True)
@@ -38,6 +42,9 @@ class SliceRecord:
     recent: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
     judged: float = float("-inf")
     fresh: dict[str, float] = field(default_factory=dict)
+    context: float | None = None  # its requests' mean cached tokens (judged at its context)
+    probe_prefill: float | None = None  # its probes' mean uncached prompt tokens, above
+    ttft: dict[tuple[str, bool], deque[tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def window_epoch(self) -> int:
@@ -55,6 +62,36 @@ class SliceRecord:
         oldest, first = now - self.window_s, float("-inf") if floor is None else floor
         out += [(t, c) for t, c in self.remote.get(pool, {}).items() if t > oldest and t >= first]
         return out
+
+    def first_token(self, pool: str, seconds: float, now: float, carried: bool = True) -> None:
+        """One of the slice's requests on ``pool`` had its first token after ``seconds``;
+        ``carried``: the pool served it as the slice's rung (it carried the slice's load),
+        not as a probe, a mirror or an exploration."""
+        kept = self.ttft.get((pool, carried))
+        if kept is None:
+            kept = self.ttft[pool, carried] = deque(maxlen=TTFT_KEPT)
+        kept.append((now, seconds))
+
+    def ttft_p50(
+        self,
+        pool: str,
+        now: float,
+        min_samples: int,
+        carried: bool | None = None,
+        since: float = float("-inf"),
+    ) -> tuple[float, int] | None:
+        """The median time to first token of the slice's newest requests on ``pool`` within
+        the window and from ``since`` on (at most ``TTFT_KEPT``), and how many; None under
+        ``min_samples``. With ``carried`` set, only the requests the pool served as the
+        slice's rung (True) or only the others (False); without it, the newest of both."""
+        oldest = max(now - self.window_s, since)
+        kinds = (True, False) if carried is None else (carried,)
+        kept = [x for kind in kinds for x in self.ttft.get((pool, kind), ())]
+        newest = sorted(kept, reverse=True)[:TTFT_KEPT]
+        seen = sorted(s for at, s in newest if at >= oldest)
+        if len(seen) < max(min_samples, 1):
+            return None
+        return median(seen), len(seen)
 
     def newest(self, pool: str) -> list[tuple[int, int]]:
         """(tokens, steps) of the newest requests of ``pool`` one by one, oldest first,
@@ -146,6 +183,27 @@ class SliceRecord:
             "rung": pools[serving],
             "probing": pools[serving - 1] if probing else None,
         }
+
+    def add(self, pool: str, counts: Counts, now: float) -> None:
+        """One outcome's ``counts`` on ``pool``: its window, and its newest requests."""
+        window = self.windows.get(pool)
+        if window is None or window.window_s != self.window_s:
+            window = self.windows[pool] = Window(self.window_s)
+        window.add(now, counts)
+        if counts.stepped:
+            recent = self.recent.get(pool)
+            if recent is None:
+                recent = self.recent[pool] = deque(maxlen=RECENT)
+            recent.append((now, counts.tokens, counts.steps))
+
+    def note_context(self, own: float) -> None:
+        """One request's cached tokens (``steptimes.context_of``) into the slice's context,
+        a moving mean weighing the newest a tenth."""
+        self.context = own if self.context is None else self.context + 0.1 * (own - self.context)
+
+    def requests(self, now: float) -> int:
+        """Requests of every pool in this replica's window."""
+        return sum(window.total(now).requests for window in self.windows.values())
 
     def restart(self, state: SliceState) -> None:
         self.state = state

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from gateway.measure.slicerecord import SliceRecord
 from policies.guardrail import ON_START, SliceState, Transition
+from policies.splitting import Split
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ class Slices:
         self.proposals: dict[str, Transition] = {}
         self._max_slices = max_slices
         self._on_transition = on_transition
+        self.splits: Mapping[str, Split] = MappingProxyType({})  # live ones: decisions read
+        self.split_versions: dict[str, Split] = {}  # every split known, merged ones too
+        self.split_proposals: dict[str, Split] = {}
+        self.seed: Callable[[Split, float], None] | None = None  # makes a split's children
 
     def touch(self, key: str, model: str, rule: str, now: float) -> SliceRecord:
         """The slice's record, made when new, and now its most recently used."""
@@ -83,3 +88,43 @@ class Slices:
         self.publish()
         if self._on_transition is not None:
             self._on_transition(transition)
+
+    def change_split(self, split: Split, now: float) -> None:
+        """A split or merge decided here: applied at once, or proposed to the shared store."""
+        if self.shared:
+            self.split_proposals[split.parent] = split
+            return
+        self.apply_split(split, now)
+
+    def apply_split(self, split: Split, now: float, *, logged: bool = True) -> bool:
+        """Make ``split`` the parent's (decided here or by the store) when it is newer than
+        the one known: children made (``seed``) or dropped, and logged unless ``logged``
+        is False (another replica's split, pulled). True when it changed.
+        A slice that splits keeps its state, but what it saw before stops counting as its
+        evidence (``fresh``): it mixed in the children, and the parent is now the rest."""
+        before = self.split_versions.get(split.parent)
+        if before is not None and before.version >= split.version:
+            return False
+        self.split_versions[split.parent] = split
+        kept = set(split.children())
+        for child in before.children() if before is not None else ():
+            if child not in kept:
+                self.records.pop(child, None)
+        parent = self.records.get(split.parent)
+        if split.live and parent is not None and (before is None or not before.live):
+            for pool in parent.windows.keys() | parent.remote.keys():
+                parent.fresh[pool] = now  # what it saw mixed the children in: not its own
+        if split.live and self.seed is not None:
+            self.seed(split, now)
+        self.splits = MappingProxyType({k: s for k, s in self.split_versions.items() if s.live})
+        state = ON_START if parent is None else parent.state
+        numbers = {"children": float(len(split.values))}
+        self.publish()
+        if not logged:  # another replica's, logged where it was decided
+            return True
+        event = Transition(split.parent, now, state, state, split.why, numbers)
+        self.events.append(event)
+        log.info("slices %s: %s", split.parent, split.why)
+        if self._on_transition is not None:
+            self._on_transition(event)
+        return True

@@ -1,22 +1,28 @@
-"""Part of step 7 (feedback): each pool's step time as a function of its batch, and the
-exploration that keeps a pool's line fed while some slice's judgement hinges on it.
+"""Part of step 7 (feedback): each pool's step time as a function of what its steps compute,
+and the exploration that keeps a pool's curve fed while some slice's judgement hinges on it.
 
-Every outcome teaches the line of the pool that served it (``policies/steptime.py``),
-whichever slice sent it: decode seconds over decode steps, at the outcome's mean load on its
-endpoint and the prompt tokens prefilled beside it per step; the line is asked at no
-prefill (a decode step). A pool's line is asked for under a prior carried over from the
-other pools of its ladder. O(1) per outcome; never awaits. A ladder's lines are the same
-for every slice that asks at about the same time, so each is computed at most every
-``LINE_FRESH_S`` (and again as soon as a pool is seen for the first time): a line moves by
-a fraction of its own doubt in that time.
+Every outcome teaches the curve of the pool that served it (``policies/stepcurve.py``),
+whichever slice sent it: decode seconds over decode steps, at the requests decoding on its
+endpoint meanwhile, the tokens they verified, the prompts the endpoint's cache held and the
+prompt tokens prefilled beside them (``gateway/measure/load.py``); so does an engine's own
+mean step between two readings of its counters (``learn_engine``). A slice asks for the
+decode step at the ladder's load and its own context (``at``). The ladder's curves are
+computed together (one knee), at most every ``LINE_FRESH_S``. Each outcome also feeds the
+batch-only line of ``policies/steptime.py``, which ``/admin`` shows. O(1) per outcome;
+never awaits. A ladder's curves are the same for every slice that asks at about the same
+time (again as soon as a pool is seen for the first time): a curve moves by a fraction of
+its own doubt in that time.
 
 Exploration: a pool that serves no slice is not observed, and its line goes stale. While
 some slice's judgement hinges on it (``policies/economics.py: hinges``), a share of the
 requests of every slice served just above it goes to it: live where that slice's own
-judgement says the pool is at least as cheap on the point estimate, mirrored otherwise. The
-budget is per pool, not per slice: ``EXPLORE_PER_MINUTE`` observations a minute over all
-those slices, so a quiet slice's question is answered by busy traffic too, and never more
-than a slice's ``probe_fraction``. Each replica explores on its own (its budget is its own).
+judgement says the pool is at least as cheap on the point estimate, mirrored otherwise
+(short: ``probe_tokens`` output tokens, enough steps to time). A slice that leans towards
+the pool serves its own lean there instead, which costs nothing in expectation
+(``policies/economics.py: exploring``). The budget is per pool, not per slice:
+``EXPLORE_PER_MINUTE`` observations a minute over all those slices, so a quiet slice's
+question is answered by busy traffic too, and never more than a slice's ``probe_fraction``.
+Each replica explores on its own (its budget is its own).
 """
 
 from __future__ import annotations
@@ -26,11 +32,19 @@ from dataclasses import dataclass
 
 from gateway.measure.acceptance import Outcome, Status
 from policies.compiled import Ladder
+from policies.stepcurve import Curve, CurveFit, ladder, prefill_weight
 from policies.steptime import MIN_OBSERVATIONS, Line, StepFit, StepTime, combine, transfer
 
 EXPLORE_PER_MINUTE = 4.0
 NEED_FRESH_S = 60.0  # a slice that said it needs a pool this long ago no longer counts
 LINE_FRESH_S = 0.25
+CONTEXT_EWMA = 0.05  # a pool's mean context: each outcome's share of the running mean
+
+
+def context_of(outcome: Outcome) -> float:
+    """The cached tokens a request holds on average while it decodes: its prompt and half
+    its answer."""
+    return outcome.prompt_tokens + outcome.completion_tokens / 2.0
 
 
 @dataclass(slots=True)
@@ -49,6 +63,9 @@ class StepTimes:
         self._needed: dict[str, float] = {}
         self._givers: dict[str, dict[str, _Giver]] = {}
         self._lines: dict[tuple[tuple[str, ...], int, float], tuple[float, Line | None]] = {}
+        self.curves: dict[str, CurveFit] = {}
+        self.contexts: dict[str, float] = {}
+        self._curves: dict[tuple[tuple[str, ...], float], tuple[float, list[Curve | None]]] = {}
 
     def learn(self, outcome: Outcome, now: float) -> None:
         steps, load = outcome.steps, outcome.load
@@ -66,6 +83,57 @@ class StepTimes:
             fit = self.fits[outcome.labels.pool] = StepFit(tokens_per_seq=per_seq)
             self._lines.clear()
         fit.add(now, load, per_step, prefill=outcome.prefill or 0.0)
+        self._learn_curve(outcome, per_step, load, now)
+
+    def _learn_curve(self, outcome: Outcome, per_step: float, load: float, now: float) -> None:
+        """The step as the curve sees it: the requests decoding on the endpoint while this
+        one did (``batch``; queued ones are not in a step), verifying k + 1 tokens each and
+        reading the prompts the endpoint's cache held (``kv``) plus half an answer each;
+        without those, ``load`` sequences, the request's own context and the pool's mean
+        context for the others."""
+        pool, k = outcome.labels.pool, outcome.labels.k
+        own = context_of(outcome)
+        mean = self.contexts.get(pool)
+        mean = own if mean is None else mean + CONTEXT_EWMA * (own - mean)
+        self.contexts[pool] = mean
+        curve = self.curves.get(pool)
+        if curve is None:
+            curve = self.curves[pool] = CurveFit(k=k)
+            self._curves.clear()
+        if outcome.kv is not None and outcome.batch:  # the endpoint's cache and batch
+            seqs = outcome.batch
+            kv = max(outcome.kv, outcome.prompt_tokens) + seqs * outcome.completion_tokens / 2
+        else:
+            seqs = load
+            kv = own + max(load - 1.0, 0.0) * mean
+        tokens, prefill = seqs * ((k or 0) + 1), outcome.prefill or 0.0
+        weight = prefill_weight(tokens, prefill)
+        curve.add(now, per_step, tokens=tokens, seqs=seqs, kv=kv, prefill=prefill, weight=weight)
+
+    def learn_engine(
+        self, pool: str, k: int | None, seconds: float, batch: float, prefill: float, now: float
+    ) -> None:
+        """An engine's own mean step between two readings of its counters
+        (``enginesteps.py``) at ``batch`` requests running, of the pool's mean context."""
+        curve = self.curves.get(pool)
+        if curve is None:
+            curve = self.curves[pool] = CurveFit(k=k)
+            self._curves.clear()
+        kv = batch * self.contexts.get(pool, 0.0)
+        tokens = batch * ((k or 0) + 1)
+        curve.add(now, seconds, tokens=tokens, seqs=batch, kv=kv, prefill=prefill)
+
+    def ladder_curves(self, ladder_: Ladder, draft_cost: float, now: float) -> list[Curve | None]:
+        """Every pool's curve of ``ladder_`` (``policies/stepcurve.py``: one knee for the
+        ladder, each pool under the others' prior), at most every ``LINE_FRESH_S``."""
+        key = (ladder_.pools, draft_cost)
+        kept = self._curves.get(key)
+        if kept is not None and 0.0 <= now - kept[0] < LINE_FRESH_S:
+            return kept[1]
+        fits = [self.curves.get(p) for p in ladder_.pools]
+        curves = ladder(fits, ladder_.k, draft_cost, now)
+        self._curves[key] = (now, curves)
+        return curves
 
     def line(self, ladder: Ladder, i: int, draft_cost: float, now: float) -> Line | None:
         """Pool ``i``'s line: its own observations under the prior the others give."""
@@ -93,15 +161,26 @@ class StepTimes:
         return prior if fit is None else fit.line(now, prior)
 
     def at(
-        self, ladder: Ladder, i: int, load: float | None, draft_cost: float, now: float
+        self,
+        ladder: Ladder,
+        i: int,
+        load: float | None,
+        draft_cost: float,
+        now: float,
+        context: float | None = None,
     ) -> StepTime | None:
-        """Pool ``i``'s step time at ``load`` (None: at the batch it was observed at)."""
-        line = self.line(ladder, i, draft_cost, now)
-        if line is None:
-            return None
+        """Pool ``i``'s decode step at ``load`` sequences (None: at the batch it was observed
+        at) of ``context`` cached tokens each (None: the ladder's mean context): the step a
+        slice of that context pays on it, at the batch it would join."""
         fit = self.fits.get(ladder.pools[i])
         batch = load if load is not None else (fit and fit.mean_batch(now)) or 1.0
-        return line.at(batch)
+        curve = self.ladder_curves(ladder, draft_cost, now)[i]
+        if curve is None:
+            return None
+        if context is None:
+            known = [c for p in ladder.pools if (c := self.contexts.get(p)) is not None]
+            context = sum(known) / len(known) if known else 0.0
+        return curve.at(batch, context)
 
     def mean_batch(self, ladder: Ladder, now: float) -> float | None:
         """The batch the ladder's pools were observed at, when no load meter says."""

@@ -11,6 +11,7 @@ before. Single-threaded: records and pushes happen on the event loop.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -36,6 +37,16 @@ class _Batched(Generic[M]):
             found = self._children[values] = self._metric.labels(*_text(values))
         return found
 
+    def prune(self, keep: Callable[[Labels], bool]) -> None:
+        """Remove every series whose labels ``keep`` refuses, and what is pending for them."""
+        for values in [v for v in self._children if not keep(v)]:
+            del self._children[values]
+            self._metric.remove(*_text(values))
+        self._keep_unpushed(keep)
+
+    def _keep_unpushed(self, keep: Callable[[Labels], bool]) -> None:
+        """Drop the records not yet pushed whose labels ``keep`` refuses."""
+
 
 class Counts(_Batched[Counter]):
     """A labelled counter's increments since the last push."""
@@ -45,6 +56,9 @@ class Counts(_Batched[Counter]):
     def __init__(self, metric: Counter) -> None:
         super().__init__(metric)
         self._pending: dict[Labels, float] = {}
+
+    def _keep_unpushed(self, keep: Callable[[Labels], bool]) -> None:
+        self._pending = {v: p for v, p in self._pending.items() if keep(v)}
 
     def add(self, values: Labels, amount: float = 1.0) -> None:
         pending = self._pending
@@ -67,6 +81,9 @@ class Observations(_Batched[Histogram]):
         super().__init__(metric)
         self._bounds = (*buckets, float("inf"))
         self._pending: dict[Labels, list[float]] = {}
+
+    def _keep_unpushed(self, keep: Callable[[Labels], bool]) -> None:
+        self._pending = {v: p for v, p in self._pending.items() if keep(v)}
 
     def add(self, values: Labels, value: float) -> None:
         entry = self._pending.get(values)

@@ -25,10 +25,10 @@ Explained for operators, with its numbers, in docs/observability.md ("Metrics").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from gateway.measure.acceptance import Outcome
 from gateway.measure.collectors import (
+    FlagStates,
     GuardrailStates,
     LoopTasks,
     PoolAcceptance,
@@ -52,6 +53,7 @@ from gateway.measure.tally import Counts, Levels, Observations
 from gateway.measure.tracing import Tracing
 from gateway.measure.views import Views
 from policies.compiled import CompiledPolicy
+from policies.flags import FlagValue
 from policies.guardrail import Transition
 
 __all__ = ["PoolReading", "Telemetry"]
@@ -75,9 +77,23 @@ class _Children(Generic[M]):
     def __call__(self, *values: object) -> M:
         child = self._cache.get(values)
         if child is None:
-            text = ("true" if v is True else "false" if v is False else str(v) for v in values)
-            child = self._cache[values] = self._metric.labels(*text)
+            child = self._cache[values] = self._metric.labels(*_text(values))
         return child
+
+    def prune(self, keep: Callable[[tuple[object, ...]], bool]) -> None:
+        """Remove every series whose labels ``keep`` refuses."""
+        for labels in [v for v in self._cache if not keep(v)]:
+            del self._cache[labels]
+            self._metric.remove(*_text(labels))
+
+
+def _members(group: _Latency | _Slices) -> list[Any]:
+    """The metrics of a group, one per field."""
+    return [getattr(group, f.name) for f in fields(group)]
+
+
+def _text(values: tuple[object, ...]) -> list[str]:
+    return ["true" if v is True else "false" if v is False else str(v) for v in values]
 
 
 @dataclass(slots=True)
@@ -115,6 +131,11 @@ class _Counters:
     reloads: _Children[Counter]
     shadow: _Children[Counter]
     errors: _Children[Counter]
+    pin_writes_dropped: _Children[Counter]
+    placements: _Children[Counter]
+    prompt_tokens: _Children[Counter]
+    moves: _Children[Counter]
+    cached_tokens: _Children[Counter]
 
 
 # The metrics, by where they live: (name, help) or (name, help, labels or buckets, ...).
@@ -208,12 +229,47 @@ _COUNTERS: dict[str, tuple[str, str, list[str]]] = {  # _Counters
     ),
     "reloads": ("speclane_policy_reloads", "policy reloads, by result", ["result"]),
     "shadow": ("speclane_shadow_mirrors", "shadow mirrors, by result", ["pool", "result"]),
+    "placements": (
+        "speclane_placements",
+        "requests placed first on an endpoint of their pool by their prompt's prefix, by how: "
+        "cache (it holds the conversation), cache_loaded (it holds the conversation and is over "
+        "the load bound, but re-prefilling elsewhere would cost more), spread (a new "
+        "conversation, by rendezvous hashing), bound (the endpoint that holds it was over the "
+        "load bound), least_loaded",
+        ["pool", "how"],
+    ),
+    "moves": (
+        "speclane_conversation_moves",
+        "conversations cached on one pool whose slice is served on another: moved (the decode "
+        "saving over their turns left pays for re-prefilling their context), kept (it does "
+        "not), unpriced (no price known yet: they followed the rung)",
+        ["from_pool", "to_pool", "result"],
+    ),
+    "prompt_tokens": (
+        "speclane_prompt_tokens",
+        "prompt tokens of answers that said how many of them the engine's prefix cache held, by "
+        "the pool and endpoint that served them",
+        ["pool", "endpoint"],
+    ),
+    "cached_tokens": (
+        "speclane_cached_prompt_tokens",
+        "prompt tokens the engine's prefix cache held (usage's cached_tokens, Messages' "
+        "cache_read_input_tokens); over speclane_prompt_tokens_total it is the cache-hit ratio",
+        ["pool", "endpoint"],
+    ),
     "errors": (
         "speclane_request_errors",
         "OpenAI-route requests (/v1/) answered with an error before any upstream answered",
         ["status", "code"],
     ),
+    "pin_writes_dropped": (
+        "speclane_response_pin_writes_dropped",
+        "writes of a stored response's pin that never reached Redis (other replicas cannot "
+        "place that id), by reason: queue_full or redis_error",
+        ["reason"],
+    ),
 }
+_RELAYED_RULES = frozenset({"passthrough", "pinned"})  # the rules of relayed calls
 _SYNC_ERRORS = ("speclane_state_sync_errors", "failed syncs with the shared store")
 _IN_FLIGHT = ("speclane_requests_in_flight", "streams open to upstreams", ["pool", "shadow"])
 _DEGRADED = (
@@ -311,12 +367,37 @@ class Telemetry:
             self.exposition.register(collector)
 
     def watch(
-        self, views: Views, policy: Callable[[], CompiledPolicy], wall: Callable[[], float]
+        self,
+        views: Views,
+        policy: Callable[[], CompiledPolicy],
+        wall: Callable[[], float],
+        flags: Callable[[], Mapping[str, tuple[FlagValue, str]]] = dict,
     ) -> None:
-        """Read the guardrail's states and estimates, and the pools' prices, at each scrape
-        (guardrail states are shared between workers through the store)."""
+        """Read the guardrail's states and estimates, the pools' prices and the flags'
+        states at each scrape (guardrail states and flags are shared between workers and
+        replicas through the store)."""
         self._collect(GuardrailStates(views, self.slice_label, wall))
         self._collect(Prices(policy))
+        self._collect(FlagStates(flags))
+
+    def policy_changed(self, rules: frozenset[str]) -> None:
+        """A new policy whose rules are ``rules``: every series of a rule it no longer has
+        goes (requests, latency, slice counters, checks, transitions); the engine's other
+        routes (rule ``passthrough``) and stored-response calls (``pinned``) stay. The
+        guardrail's gauges leave those rules' slices out at the next scrape by themselves
+        (``collectors.GuardrailStates``)."""
+        kept = rules | _RELAYED_RULES
+
+        def keep_at(index: int) -> Callable[[tuple[object, ...]], bool]:
+            return lambda values: values[index] in kept
+
+        self._requests.prune(keep_at(1))
+        for histogram in _members(self._latency):
+            histogram.prune(keep_at(1))
+        for counts in _members(self._slices):
+            counts.prune(keep_at(0))
+        self._counters.structured.prune(keep_at(1))
+        self._counters.transitions.prune(keep_at(0))
 
     def opened(self, pool: str, shadow: bool) -> None:
         self._in_flight.add((pool, shadow), 1.0)
@@ -330,6 +411,11 @@ class Telemetry:
             (labels.model, labels.rule, labels.pool, status, signal, labels.shadow, labels.route)
         )
         self._count_tokens(outcome)
+        if outcome.cached_tokens is not None and outcome.prompt_tokens > 0:
+            where_cached = (labels.pool, labels.endpoint)
+            self._counters.prompt_tokens(*where_cached).inc(outcome.prompt_tokens)
+            cached = min(outcome.cached_tokens, outcome.prompt_tokens)
+            self._counters.cached_tokens(*where_cached).inc(cached)
         if labels.shadow:
             return
         where = (labels.model, labels.rule, labels.pool)
@@ -412,6 +498,12 @@ class Telemetry:
         """One request that left ``pool``, the pool its decision named."""
         self._counters.failovers(pool, result, served_by).inc()
 
+    def moved(self, held_on: str, rung: str, result: str) -> None:
+        self._counters.moves(held_on, rung, result).inc()
+
+    def placed(self, pool: str, how: str) -> None:
+        self._counters.placements(pool, how).inc()
+
     def upstream_failure(self, pool: str) -> None:
         self._counters.upstream_failures(pool).inc()
 
@@ -419,6 +511,8 @@ class Telemetry:
         self._counters.rejections(pool, status).inc()
 
     def transition(self, t: Transition) -> None:
+        if t.before == t.after:  # a split or merge by application: no rung changed
+            return
         self._counters.transitions(t.slice.split(" / ", 1)[0], t.before.phase, t.after.phase).inc()
 
     def reload(self, result: str) -> None:
@@ -429,6 +523,9 @@ class Telemetry:
 
     def error(self, status: int, code: str) -> None:
         self._counters.errors(status, code).inc()
+
+    def pin_writes_dropped(self, reason: str, n: int) -> None:
+        self._counters.pin_writes_dropped(reason).inc(n)
 
     def sync_error(self) -> None:
         self._sync_errors.inc()

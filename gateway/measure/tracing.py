@@ -13,8 +13,8 @@ and records no exception: a bad request is not a fault, and a stack trace per ba
 would flood the traces.
 
 Hand-rolled on the OpenTelemetry API rather than the maintained ASGI instrumentation, which
-costs hundreds of microseconds per streamed request even with a no-op tracer (bench/RESULTS.md,
-"Tracing"); the upstream client is speclane's own. Without an exporter ``begin``
+cost hundreds of microseconds per streamed request even with a no-op tracer when the two
+were measured side by side; the upstream client is speclane's own. Without an exporter ``begin``
 hands out a shared do-nothing trace, which still relays a client's ``traceparent`` upstream
 unchanged, so the client's trace reaches vLLM even when speclane exports nothing.
 

@@ -13,6 +13,13 @@ had: always-standard, always-speculative (the top rung), the best static pool pe
 class, the hindsight oracle (the cheapest pool per class and phase), and the adaptive run
 (each request on the pool that served it, shadow mirrors included).
 
+What exploring cost (``Cell.explored``): every mirror, whole, its prefill included (a
+request served pays its prefill once wherever it runs, so prefill is left out of every
+other price; a mirror's is a cost of its own), and for each request served
+on another rung than its slice's to learn something there (a probe of the rung above, a
+request explored one rung down), what it cost there less what it would have cost on the
+slice's own rung (negative where that rung was dearer).
+
 Pure.
 """
 
@@ -49,6 +56,21 @@ class Prices:
         step = step_seconds(self.cost, row.load, k, row.context)
         return steps * step / row.load * self.per_second[pool]
 
+    def prefill(self, row: Row, pool: str) -> float:
+        """What prefilling ``row``'s uncached prompt on ``pool`` adds to the steps it runs in
+        (the target's; every request served pays it once wherever it runs, so only a
+        mirror's is a cost of its own)."""
+        tokens = max(row.prompt_tokens - row.cached, 0)
+        if not tokens:
+            return 0.0
+        with_it, without = (
+            self.cost.step_seconds(
+                verified_tokens=0, prefill_tokens=p, draft_passes=0, drafting_seqs=0
+            )
+            for p in (tokens, 0)
+        )
+        return max(with_it - without, 0.0) * self.per_second[pool]
+
 
 def prices(replay: Replay, cost_per_hour: Mapping[str, float | None]) -> Prices:
     pools = replay.ladder.pools
@@ -75,6 +97,13 @@ class Cell:
     late_adaptive: float = 0.0
     late_requests: int = 0
     slices: set[str] = field(default_factory=set)
+    explored: float = 0.0
+
+    @property
+    def exploration(self) -> float:
+        """What exploring added to this cell, as a share of what it cost without."""
+        rest = self.adaptive - self.explored
+        return self.explored / rest if rest > 0 else 0.0
 
     @property
     def oracle(self) -> float:
@@ -93,13 +122,19 @@ def cells(replay: Replay, price: Prices, skip_first: int) -> list[Cell]:
     for row in ordered:
         cell = out.setdefault((row.traffic, row.phase), Cell(row.traffic, row.phase))
         served = price.of(row, row.pool)
+        if row.shadow:
+            served += price.prefill(row, row.pool)
         cell.adaptive += served
         late = cell.requests >= skip_first
         if late:
             cell.late_adaptive += served
         if row.shadow:
             cell.mirrors += 1
+            cell.explored += served
             continue
+        home = _home(replay, row)
+        if home is not None:
+            cell.explored += served - price.of(row, home)
         cell.requests += 1
         cell.on_pool[row.pool] += 1
         cell.slices.add(row.slice)
@@ -111,6 +146,24 @@ def cells(replay: Replay, price: Prices, skip_first: int) -> list[Cell]:
             if late:
                 cell.late_pools[pool] += value
     return list(out.values())
+
+
+# the reasons ``policies/decide.py`` gives a request served away from its slice's rung
+EXPLORED_LIVE = "to learn its step time"
+PROBED_LIVE = "after falling back"
+
+
+def _home(replay: Replay, row: Row) -> str | None:
+    """The slice's own pool for a request served elsewhere to learn (a live probe, one rung
+    up; a live exploration, one rung down); None for any other request."""
+    pools = replay.ladder.pools
+    if row.probe and PROBED_LIVE in row.reason:
+        home = row.rung + 1
+    elif EXPLORED_LIVE in row.reason and "mirrored to" not in row.reason:
+        home = row.rung - 1
+    else:
+        return None
+    return pools[home] if 0 <= home < len(pools) else None
 
 
 @dataclass(frozen=True, slots=True)

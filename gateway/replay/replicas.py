@@ -22,7 +22,9 @@ minute, at the gateway's default bounds), so a busy pool drops mirrors here as i
 live. An outcome reaches a replica's live statistics the way ``Feedback.record`` hands it on
 live: with its mean load and the prompts prefilled beside it (``loaded_outcome``), which a
 replica knows only of its own requests, each counted when its first token comes out (a
-stream's first event). Pure: no I/O, no clock.
+stream's first event). Each replica learns its slices' conversations (turns, output tokens
+per turn) from its own requests, as ``Feedback`` does live, for the price of moving one.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 
 from backends.pool import InFlight
 from gateway.forward.shadow import Admission, ShadowLimits
-from gateway.measure.acceptance import Outcome
+from gateway.measure.acceptance import Outcome, Status
+from gateway.measure.conversations import Conversations
 from gateway.measure.livestats import TICK_EVERY_S, LiveStats
 from gateway.measure.load import SAMPLE_EVERY_S, LoadMeter, loaded_outcome
 from gateway.measure.replica import Replica
@@ -70,6 +73,8 @@ class Gateway:
     due: dict[str, _Due] = field(default_factory=dict)
     admission: Admission = field(default_factory=lambda: Admission(ShadowLimits(), 0.0))
     mirrors: int = 0  # in flight
+    conversations: Conversations = field(default_factory=Conversations)
+    prefilling: dict[str, int] = field(default_factory=dict)  # as ``Endpoint.prefilling``
 
     def mirror(self, endpoints: Sequence[str], cost_tokens: int, now: float) -> bool:
         """Whether a mirror to a pool of ``endpoints`` starts (counted in flight if so)."""
@@ -88,11 +93,18 @@ class Gateway:
         flight = self._flight(endpoint)
         flight.move(flight.count - 1)
 
-    def prefilled(self, endpoint: str, prompt_tokens: int, now: float) -> None:
-        self.load.prefill(endpoint, prompt_tokens, now)
+    def prefilled(self, endpoint: str, prompt_tokens: int, now: float, key: str = "") -> None:
+        self.load.prefill(endpoint, prompt_tokens, now, key)
 
-    def record(self, outcome: Outcome, now: float) -> None:
-        self.stats.record(loaded_outcome(self.load, outcome), now)
+    def record(self, outcome: Outcome, now: float, key: str = "") -> None:
+        loaded = loaded_outcome(self.load, outcome, key)
+        self.stats.record(loaded, now)
+        if not loaded.labels.shadow and loaded.status is Status.OK:
+            self.conversations.answered(loaded.labels.slice, loaded.completion_tokens)
+
+    def own(self) -> dict[str, int]:
+        """Its requests in flight on each endpoint (what its pools count live)."""
+        return {name: flight.count for name, flight in self.flights.items()}
 
     def _flight(self, endpoint: str) -> InFlight:
         flight = self.flights.get(endpoint)

@@ -58,6 +58,7 @@ def summarise(replay: Replay, policy: CompiledPolicy) -> dict[str, Any]:
         "requests": sum(1 for r in replay.rows if not r.shadow),
         "mirrors": sum(1 for r in replay.rows if r.shadow),
         "probes": sum(1 for r in replay.rows if r.probe),
+        "exploration": _exploration(table),
         "skipped": dict(replay.skipped),
         "min_samples": skip,
         "cost": {
@@ -86,6 +87,19 @@ def summarise(replay: Replay, policy: CompiledPolicy) -> dict[str, Any]:
             }
             for t in replay.events
         ],
+    }
+
+
+def _exploration(table: list[Cell]) -> dict[str, Any]:
+    """What exploring (mirrors, probes, requests explored one rung down) added to the
+    scenario's cost and to its dearest cell's, each as a share of the cost without it."""
+    explored = sum(c.explored for c in table)
+    rest = sum(c.adaptive for c in table) - explored
+    worst = max(table, key=lambda c: c.exploration, default=None)
+    return {
+        "share": explored / rest if rest > 0 else 0.0,
+        "worst_cell": worst.exploration if worst is not None else 0.0,
+        "worst_cell_name": f"{worst.traffic}/{worst.phase}" if worst is not None else "",
     }
 
 
@@ -124,6 +138,7 @@ def _cell_json(cell: Cell, replay: Replay) -> dict[str, Any]:
         "slices": sorted(cell.slices),
         "requests": cell.requests,
         "mirrors": cell.mirrors,
+        "exploration": cell.exploration,
         "served_on": dict(cell.on_pool),
         "oracle_pool": cell.oracle_pool(),
         "adaptive_vs_oracle": _ratio(cell.adaptive, cell.oracle),

@@ -12,11 +12,21 @@ one virtual clock. Each routing decision is made at the
 request's arrival, from the guardrail state that the outcomes finished before it left;
 shadow mirrors run too (they load their pool and are measured, and cost what they cost).
 
+Within a pool, a request goes to the endpoint the live gateway would choose: its
+prompt's prefix placed under the load bound by ``backends/placement.py``, over a prefix map
+of what was sent where, and a conversation cached on another pool than its slice's rung
+kept there or moved by ``gateway/forward/moving.py``'s price (``placement``: the other
+strategies ``bench/agent_cache.py`` compares; ``gateway/replay/placing.py``). A traffic
+class with a ``session`` sends multi-turn conversations (``bodies.Talk``), each turn after
+the answer to the one before.
+
 Every request is kept as a ``Row`` with what pricing needs: its true per-token acceptance,
 its tokens, its mean context while decoding (prompt plus half its answer), the pool that
 served it, and the load actually carried while it ran (mean requests in flight per endpoint
-over the whole ladder). The pools step on the replay's cost model (``cost``: the simulator's
-affine ``CostModel`` unless given), and pricing uses the same one.
+over the whole ladder), and what the agent benchmarks read: its endpoint, its first token,
+its prompt and the part of it the endpoint held cached, its conversation and turn. The
+pools step on the replay's cost model (``cost``: unless given, the curve measured on an
+H200 for the model's size, ``GPU_32B`` for ``qwen3-32b``), and pricing uses the same one.
 
 Pure apart from CPU: no I/O, no clock.
 """
@@ -35,15 +45,18 @@ import orjson
 from backends.sim.agents import chat_of
 from backends.sim.cluster import Cluster, Served
 from backends.sim.config import Mode, SimConfig
-from backends.sim.model import CostModel, StepCost
+from backends.sim.model import CostModel, StepCost, measured_for, scaled_draft
 from backends.sim.validation import SimHTTPError
 from gateway import schema
+from gateway.apis import APIS, named
 from gateway.classify import Defaults, classify
-from gateway.endpoints import named
+from gateway.engines import ENGINES
 from gateway.errors import ApiError
+from gateway.forward.affinity import prices
 from gateway.forward.shadow import short_probe
 from gateway.measure.acceptance import Fold, Labels, Outcome, Status
-from gateway.replay.bodies import build
+from gateway.replay.bodies import Talk, build
+from gateway.replay.placing import Placing, Strategy
 from gateway.replay.replicas import Gateway, Replicas
 from gateway.replay.scenario import Scenario, Traffic
 from gateway.replay.shared import VirtualStore
@@ -77,6 +90,12 @@ class Row:
     load: float = 1.0
     measured: float | None = None
     context: float = 0.0
+    endpoint: str = ""
+    first: float = 0.0  # its first token
+    prompt_tokens: int = 0
+    cached: int = 0  # prompt tokens its endpoint's prefix cache held
+    talk: str = ""  # its conversation (a session class's), and its turn there
+    turn: int = 0
 
 
 @dataclass(slots=True)
@@ -90,6 +109,10 @@ class Replay:
     events: list[Transition] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # logged requests left out, by why
     cost: StepCost = field(default_factory=CostModel)
+    placement: str = "prefix"
+    moves: dict[str, int] = field(default_factory=dict)  # cached conversations, by fate
+    usage: dict[str, tuple[float, float]] = field(default_factory=dict)  # Cluster.usage
+    end: float = 0.0  # the last event's second
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +126,7 @@ class _Ask:
     headers: Mapping[str, str]
     max_tokens: int
     path: str = "/v1/chat/completions"  # the API it came in on; ``body`` is in its words
+    talk: Talk | None = None  # the conversation it is a turn of
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +146,17 @@ class _Pending:
     replica: Gateway
     prompt_tokens: int
     reports: bool = True  # the answer carries per-request metrics
+    prefill: int = 0  # what its replica counts its endpoint to prefill until its first token
 
 
 class _Driver:
-    def __init__(self, policy: CompiledPolicy, scenario: Scenario, cost: StepCost) -> None:
+    def __init__(
+        self,
+        policy: CompiledPolicy,
+        scenario: Scenario,
+        cost: StepCost | None,
+        placement: Strategy = "prefix",
+    ) -> None:
         self.policy = policy
         self.scenario = scenario
         self.model = scenario.model or next(iter(policy.ladders))
@@ -133,11 +164,20 @@ class _Driver:
         if ladder is None:
             raise ValueError(f"the policy has no ladder for model {self.model}")
         self.ladder = ladder
+        cost = cost if cost is not None else measured_for(self.model)
+        cost = scaled_draft(cost, scenario.draft_scale)
         self.cluster = Cluster(_configs(policy, ladder, scenario, cost))
-        self.replay = Replay(scenario, ladder, dict(self.cluster.pools), cost=cost)
+        self.replay = Replay(
+            scenario, ladder, dict(self.cluster.pools), cost=cost, placement=placement
+        )
         self.replicas = Replicas(
             scenario.gateways, policy, self.cluster.endpoints(), self.replay.events.append
         )
+        self.placing = Placing(placement, self.cluster, scenario.seed, self.replicas.clock)
+        self.replay.moves = self.placing.moves
+        self.talks: dict[tuple[int, int], Talk] = {}
+        self.talked: dict[tuple[int, int], int] = {}  # conversations each client began
+        self.retired: set[tuple[int, int]] = set()  # clients whose sessions are all done
         self.store = VirtualStore(policy) if scenario.gateways > 1 else None
         self.flags = FlagStore(policy).values
         self.rng = random.Random(f"{scenario.seed}:arrivals")
@@ -179,6 +219,8 @@ class _Driver:
                     self._integrate(at)
                     self._arrive(at, kind, i, client)
             else:
+                self.replay.usage = self.cluster.usage(self.area_t)
+                self.replay.end = self.area_t
                 return self.replay
 
     def _push(self, at: float, kind: str, traffic: int, client: int) -> None:
@@ -209,7 +251,7 @@ class _Driver:
         if kind == "wake":
             if traffic.clients is not None:
                 for c in range(int(level)):
-                    if c not in self.active[i]:
+                    if c not in self.active[i] and (i, c) not in self.retired:
                         self.active[i].add(c)
                         self._push(
                             now + self.rng.uniform(0, max(traffic.think_s, 0.5)), "req", i, c
@@ -226,17 +268,49 @@ class _Driver:
         self._send(now, i, traffic, client)
 
     def _send(self, now: float, i: int, traffic: Traffic, client: int) -> None:
-        built = build(self.scenario.name, traffic, client, self.model)
+        talk = self._talk(i, traffic, client) if traffic.session is not None else None
+        if talk is not None:
+            built = talk.body(self.scenario.name, client, self.model)
+        else:
+            built = build(self.scenario.name, traffic, client, self.model)
         ask = _Ask(
-            traffic.name, i, client, built.body, built.headers, traffic.max_tokens, built.path
+            traffic.name,
+            i,
+            client,
+            built.body,
+            built.headers,
+            traffic.max_tokens,
+            built.path,
+            talk,
         )
         self._ask(now, ask)
+
+    def _talk(self, i: int, traffic: Traffic, client: int) -> Talk:
+        """The client's conversation under way, or its next one."""
+        talk = self.talks.get((i, client))
+        if talk is None or talk.done:
+            number = self.talked.get((i, client), 0)
+            self.talked[(i, client)] = number + 1
+            name, seed = self.scenario.name, self.scenario.seed
+            talk = self.talks[(i, client)] = Talk.draw(name, seed, traffic, client, number)
+        return talk
+
+    def _more(self, i: int, traffic: Traffic, client: int) -> bool:
+        """Whether the client has another turn to send (its sessions not all done)."""
+        session = traffic.session
+        talk = self.talks.get((i, client))
+        if session is None or session.sessions is None or talk is None or not talk.done:
+            return True
+        if self.talked.get((i, client), 0) < session.sessions:
+            return True
+        self.retired.add((i, client))
+        return False
 
     def _ask(self, now: float, ask: _Ask) -> None:
         index = next(self.ids)
         try:
-            kind = named(ask.path).kind
-            parsed, _ = schema.parse(orjson.dumps(ask.body), kind)
+            model = named(ask.path).model
+            parsed, _ = schema.parse(orjson.dumps(ask.body), model)
             upstream = chat_of(ask.path, ask.body)  # what the simulated servers run
         except ApiError as exc:  # a log line edited by hand: the gateway logs valid ones
             self._skip(f"not a valid request: {exc.message}")
@@ -246,29 +320,62 @@ class _Driver:
             return
         ask = replace(ask, body=upstream)
         request_id = f"{self.scenario.name}-{index}"
-        features = classify(parsed, ask.path, ask.headers, request_id, Defaults())
+        defaults = Defaults().under(self.policy.file.defaults)
+        features = classify(parsed, ask.path, ask.headers, request_id, defaults)
         replica = self.replicas.of(ask.client)
-        decision = decide(features, self.policy, self.flags, replica.stats.guards, now)
+        stats = replica.stats
+        decision = decide(features, self.policy, self.flags, stats.guards, now, stats.splits)
         if decision.pool not in self.cluster.pools:  # a logged request for another model
             self._skip(f"model {parsed.model!r} is not on the ladder replayed ({self.model})")
             return
+        views, talks = replica.stats.views, replica.conversations
+        costs = prices(views, talks.tokens_per_turn(decision.slice), decision.slice, now)
+        affinity = self.placing.affinity(features, ask.body, costs)
+        decision = self.placing.priced(decision, features, affinity, views, talks, now)
+        own = replica.own()
+        endpoint = self.placing.choose(
+            decision.pool, ask.body, features, affinity, own, replica.prefilling
+        )
+        self.placing.sent(features, endpoint)
         sent = _Sent(replica, features.prompt_tokens)
-        self._submit(now, index, ask, decision, sent, shadow=False)
+        prefill = affinity.uncached(endpoint) if affinity is not None else 0
+        self._submit(now, index, ask, decision, sent, shadow=False, endpoint=endpoint)
+        self._queued(index, endpoint, prefill)
         target = decision.shadow_to
         if target is not None:
             mirrored = _short(ask, decision.shadow_tokens)
             cost = features.prompt_tokens + mirrored.max_tokens
             if replica.mirror(self.cluster.endpoints()[target], cost, now):
-                self._submit(now, next(self.ids), mirrored, _mirror(decision), sent, shadow=True)
+                # a conversation's mirrors go where its opening picks, as the gateway's do
+                at = self.placing.mirror(target, affinity, replica.own())
+                mirror, key = _mirror(decision), next(self.ids)
+                self._submit(now, key, mirrored, mirror, sent, shadow=True, endpoint=at)
+                if affinity is not None and at is not None:
+                    self._queued(key, at, affinity.uncached(at))
+
+    def _queued(self, index: int, endpoint: str, prefill: int) -> None:
+        """The request's prompt counted as awaiting prefill on its endpoint, by its replica,
+        as the gateway's pools count it (``Endpoint.prefilling``)."""
+        pending = self.pending[index]
+        pending.prefill = prefill
+        pending.replica.prefilling[endpoint] = pending.replica.prefilling.get(endpoint, 0) + prefill
 
     def _skip(self, why: str) -> None:
         self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
 
     def _submit(
-        self, now: float, index: int, ask: _Ask, decision: Decision, sent: _Sent, *, shadow: bool
+        self,
+        now: float,
+        index: int,
+        ask: _Ask,
+        decision: Decision,
+        sent: _Sent,
+        *,
+        shadow: bool,
+        endpoint: str | None = None,
     ) -> None:
         pool = decision.pool
-        endpoint = self.cluster.submit(index, pool, ask.body, now, ask.max_tokens)
+        endpoint = self.cluster.submit(index, pool, ask.body, now, ask.max_tokens, endpoint)
         sent.replica.sent(endpoint)
         spec = self.policy.pools[pool]
         row = Row(
@@ -285,6 +392,8 @@ class _Driver:
             now,
             decision.reason,
         )
+        if ask.talk is not None:
+            row.talk, row.turn = ask.talk.key, ask.talk.turn
         labels = Labels(
             model=self.model,
             rule=decision.rule,
@@ -297,6 +406,8 @@ class _Driver:
             epoch=decision.epoch,
             chunk_signal=spec.chunk_acceptance,
             engine=spec.engine.value,
+            parent=decision.parent,
+            candidates=decision.candidates,
         )
         # only completions answers carry vLLM's per-request metrics (a Messages or Responses
         # answer is measured by its chunks)
@@ -311,11 +422,18 @@ class _Driver:
     def _first_token(self, served: Served, now: float) -> None:
         """A stream's first event: its replica counts its prompt as prefilled."""
         pending = self.pending[served.key]
-        pending.replica.prefilled(served.endpoint, pending.prompt_tokens, now)
+        pending.replica.prefilled(served.endpoint, pending.prompt_tokens, now, str(served.key))
+        self._unqueued(pending, served.endpoint)
+
+    def _unqueued(self, pending: _Pending, endpoint: str) -> None:
+        queue = pending.replica.prefilling
+        queue[endpoint] = queue.get(endpoint, 0) - pending.prefill
+        pending.prefill = 0
 
     def _finished(self, served: Served) -> None:
         pending = self.pending.pop(served.key)
         pending.replica.done(served.endpoint)
+        self._unqueued(pending, served.endpoint)
         pending.replica.mirrors -= pending.row.shadow
         self.in_flight -= 1
         row = pending.row
@@ -326,15 +444,22 @@ class _Driver:
         row.context = served.prompt_tokens + served.completion_tokens / 2
         row.acceptance = served.acceptance
         row.load = max(1.0, mean / self.n_endpoints)
+        row.endpoint, row.first = served.endpoint, served.first
+        row.prompt_tokens, row.cached = served.prompt_tokens, served.cached_tokens
         outcome = _outcome(pending.labels, served, pending.reports)
         row.measured = outcome.tokens_per_step
-        pending.replica.record(outcome, served.done)
+        pending.replica.record(outcome, served.done, str(served.key))
         self.replay.rows.append(row)
         if pending.traffic < 0:  # a logged request: arrivals do not depend on answers
             return
         traffic = self.scenario.traffic[pending.traffic]
         if traffic.clients is not None and not row.shadow:
-            if row.client < traffic.level(served.done):
+            talk = self.talks.get((pending.traffic, row.client))
+            if talk is not None:
+                talk.answered()
+            if not self._more(pending.traffic, traffic, row.client):
+                self.active[pending.traffic].discard(row.client)
+            elif row.client < traffic.level(served.done):
                 self._push(served.done + traffic.think_s, "req", pending.traffic, row.client)
             else:
                 self.active[pending.traffic].discard(row.client)
@@ -344,7 +469,8 @@ def _short(ask: _Ask, tokens: int | None) -> _Ask:
     """The request a short probe sends (``Decision.shadow_tokens``), as the gateway's."""
     if tokens is None:
         return ask
-    body = short_probe(ask.body, ask.path, tokens)
+    api = APIS.at(ask.path)
+    body = short_probe(ask.body, "max_tokens" if api is None else api.limit, tokens)
     return replace(ask, body=body, max_tokens=min(ask.max_tokens, tokens))
 
 
@@ -385,7 +511,10 @@ def _outcome(labels: Labels, served: Served, reports: bool = True) -> Outcome:
             }
         }
     usage = {"completion_tokens": served.completion_tokens, "prompt_tokens": served.prompt_tokens}
-    fold.usage(usage, metrics)
+    fold.usage(usage)
+    said = ENGINES.of(labels.engine).evidence({"metrics": metrics})  # as its engine reads it
+    if said is not None:
+        fold.evidence(said)
     return fold.finish(Status.OK, served.done)
 
 
@@ -418,6 +547,8 @@ def _configs(
                 max_num_batched_tokens=scenario.max_num_batched_tokens,
                 cost=cost,
                 drift=drift,
+                enable_prefix_caching=scenario.prefix_caching,
+                kv_cache_tokens=scenario.kv_cache_tokens,
             )
             for e in range(len(spec.endpoints))
         ]
@@ -453,11 +584,14 @@ def replay(
     scenario: Scenario,
     log: Sequence[Logged] = (),
     cost: StepCost | None = None,
+    placement: Strategy = "prefix",
 ) -> Replay:
     """Run ``scenario`` against ``policy``; deterministic for the same inputs. With ``log``,
     its requests arrive at their recorded offsets instead of the scenario's traffic (the
     scenario still gives the duration, phases and acceptance drift); a logged request for a
     model this ladder does not serve (the gateway answered it 404, or another ladder served
     it) is left out and counted in ``Replay.skipped``. ``cost``: the pools' step-time model
-    (default: the simulator's affine ``CostModel``)."""
-    return _Driver(policy, scenario, cost or CostModel()).run(log)
+    (default: the curve measured for the model's size, ``backends.sim.model.measured_for``:
+    ``GPU_32B`` for ``qwen3-32b``). ``placement``: how a pool's endpoint is chosen
+    (``gateway/replay/placing.py``; the default is the live gateway's)."""
+    return _Driver(policy, scenario, cost, placement).run(log)

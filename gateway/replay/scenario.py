@@ -43,6 +43,39 @@ class Change(_Strict):
     rate: Annotated[float, Field(ge=0)] | None = None
 
 
+class Session(_Strict):
+    """Multi-turn conversations: each client of the class holds one conversation at a time,
+    resending its whole history every turn, and starts the next when it ends.
+
+    Every conversation is drawn from the scenario's seed, its class and its client (so no
+    one can tune to it): its number of turns, uniform in ``[min_turns, max_turns]``; its
+    prompt, which grows from about ``first_tokens`` on its first turn to about
+    ``last_tokens`` on its last (each turn adds the model's tool call or reply and the
+    tool's result or the user's next message, of drawn sizes); and its words. The
+    class's system prompt (``system_tokens``, with its tools) is the same for all of its
+    conversations, as an application's is. ``billing`` puts Claude Code's
+    ``x-anthropic-billing-header`` line, a new ``cch`` hash every turn, on top of a
+    Messages system prompt. ``sessions``: conversations each client runs before it stops
+    (None: until the scenario ends). The bodies are ``gateway/replay/bodies.py``'s.
+    """
+
+    min_turns: Annotated[int, Field(ge=1, le=200)] = 10
+    max_turns: Annotated[int, Field(ge=1, le=200)] = 40
+    first_tokens: Annotated[int, Field(ge=64, le=200_000)] = 8000
+    last_tokens: Annotated[int, Field(ge=64, le=200_000)] = 80000
+    system_tokens: Annotated[int, Field(ge=0, le=100_000)] = 2000
+    billing: bool = False
+    sessions: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Session:
+        if self.min_turns > self.max_turns:
+            raise ValueError("min_turns must not exceed max_turns")
+        if not self.system_tokens < self.first_tokens <= self.last_tokens:
+            raise ValueError("system_tokens < first_tokens <= last_tokens is required")
+        return self
+
+
 class Traffic(_Strict):
     """One class of requests and the clients that send it.
 
@@ -52,6 +85,12 @@ class Traffic(_Strict):
     by every class of the scenario) and, when ``users`` > 0, ``user: user-<i mod users>``.
     ``api``: the API the class speaks (``chat``, ``completions``, Anthropic's ``messages``,
     OpenAI's ``responses``); the same workload by another API is the same work upstream.
+    ``template``: the application's instructions, which open every prompt of the class (its
+    template, as the gateway fingerprints it); with ``templates`` > 1, client ``i`` sends
+    variant ``i mod templates`` of it (many small applications alike). ``keys``: the class
+    sends keys of its own, ``sk-<keys>-<i mod api_keys>``, rather than the scenario's.
+    ``session``: the class's clients hold multi-turn conversations (``Session``; closed
+    loop only); without it every request of the class is the same single turn.
     """
 
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -69,9 +108,17 @@ class Traffic(_Strict):
     users: Annotated[int, Field(ge=0)] = 0
     endpoint: str = ""
     api: Literal["chat", "completions", "messages", "responses"] = "chat"
+    template: str = ""
+    templates: Annotated[int, Field(ge=1, le=100_000)] = 1
+    keys: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]*$")] = ""
+    session: Session | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Traffic:
+        if self.session is not None and (self.clients is None or self.api == "completions"):
+            raise ValueError(f"traffic {self.name}: sessions need clients and a chat-like API")
+        if self.session is not None and self.session.billing and self.api != "messages":
+            raise ValueError(f"traffic {self.name}: the billing line goes on Messages")
         if self.api == "completions" and (self.tools or self.workload is Workload.JSON):
             raise ValueError(f"traffic {self.name}: completions offer no tools or JSON output")
         if self.api == "messages" and self.workload is Workload.JSON:
@@ -183,6 +230,12 @@ class Scenario(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     max_num_batched_tokens: Annotated[int, Field(ge=1)] = DEFAULT_MAX_NUM_BATCHED_TOKENS
     gateways: Annotated[int, Field(ge=1, le=8)] = 1
+    # The simulated engines' prefix cache: off unless asked, because every request of a
+    # traffic class has the same body, which real traffic never does.
+    prefix_caching: bool = False
+    kv_cache_tokens: Annotated[int, Field(ge=1)] | None = None
+    draft_scale: Annotated[float, Field(gt=0, le=10)] = 1.0
+    policy: str | None = None
 
     @model_validator(mode="after")
     def _names(self) -> Scenario:

@@ -4,8 +4,9 @@ What ``gateway/state/redis_store.py`` does with Redis on each sync, done here wi
 through the same replica protocol (``gateway/measure/replica.py``), in the same order:
 
 1. each transition the replica proposed is applied only when the slice's stored state still
-   has the version the proposal started from (compare-and-set), logged once; a proposal
-   that lost adopts the winner's state, and one with nothing stored to compare is dropped;
+   has the version the proposal started from, or none is stored (compare-and-set), logged
+   once; a proposal that lost adopts the winner's state; splits of slices by application
+   are agreed the same way, on their own versions;
 2. the replica's window increments are added to the totals of every replica;
 3. it pulls every stored state (adopting newer ones) and the totals of the windows of the
    slices it keeps.
@@ -19,6 +20,7 @@ from gateway.measure.replica import Replica
 from gateway.measure.windows import Counts
 from policies.compiled import CompiledPolicy
 from policies.guardrail import SliceState
+from policies.splitting import Split
 
 PULL_ACTIVE_S = 300.0  # as the Redis store: windows of slices seen this recently
 
@@ -30,6 +32,7 @@ class VirtualStore:
         self._policy = policy
         self.states: dict[str, tuple[str, str, SliceState]] = {}
         self.windows: dict[tuple[str, int, str], dict[float, Counts]] = {}
+        self.splits: dict[str, Split] = {}
 
     def sync(self, replica: Replica, now: float) -> None:
         """One round of one replica: agree on transitions, push, pull."""
@@ -40,6 +43,8 @@ class VirtualStore:
             buckets.setdefault(inc.start, Counts()).add(inc.counts)
         for key, (model, rule, state) in self.states.items():
             replica.adopt(key, model, rule, state, now)
+        for split in self.splits.values():
+            replica.adopt_split(split, now)
         for active in replica.active(now - PULL_ACTIVE_S):
             ladder = self._policy.ladders.get(active.model)
             for pool in ladder.pools if ladder else ():
@@ -54,14 +59,18 @@ class VirtualStore:
             if kept is None:
                 continue
             stored = self.states.get(key)
-            version = stored[2].version if stored is not None else 0
-            if version == transition.before.version:
+            if stored is None or stored[2].version == transition.before.version:
                 self.states[key] = (kept.model, kept.rule, transition.after)
                 replica.apply(key, transition)  # logged once, by the replica that won
-            elif stored is not None:
-                replica.adopt(key, *stored, now)
             else:
-                replica.abandon(key)
+                replica.adopt(key, *stored, now)
+        for parent, split in replica.take_split_proposals().items():
+            known = self.splits.get(parent)
+            if known is None or known.version == split.version - 1:
+                self.splits[parent] = split
+                replica.apply_split(split, now)
+            else:
+                replica.adopt_split(known, now)
 
 
 def _copy(counts: Counts) -> Counts:

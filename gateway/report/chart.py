@@ -1,7 +1,7 @@
 """The pilot report as a PNG: for each slice, every arm's decode speed, cost per token and
 p95 latency as bars with their intervals, the verdict in the slice's title.
 
-Needs matplotlib (``pip install matplotlib``); without it ``draw`` says so by returning
+Needs matplotlib (``pip install 'speclane[charts]'``); without it ``draw`` says so by returning
 False. It is imported at call time, so the gateway never loads it.
 """
 

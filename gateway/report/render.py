@@ -1,5 +1,6 @@
 """The pilot report for people: one rich table per slice, its arms as rows, and the verdict
-under it. No computation here beyond formatting."""
+under it; then the prefix cache's hit ratio per pool and endpoint. No computation here
+beyond formatting."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from gateway.report.cache import CacheRow
 from gateway.report.stats import LOSES, QUANTILES, WINS, Arm, Estimate, Report, Verdict
+from policies.splitting import parent_of
 
 _STYLE = {WINS: "bold green", LOSES: "bold red"}
 
@@ -41,9 +44,31 @@ def show(console: Console, report: Report) -> None:
     for key in slices:
         arms = [a for a in report.arms if a.slice == key]
         verdict = next(v for v in report.verdicts if v.slice == key)
-        console.print(Group(_table(key, arms), _verdict(verdict)))
+        parent = parent_of(key)  # a child of a split slice: its key sorts after its parent
+        note = Text(f"split by application from {parent}", style="dim") if parent else Text()
+        console.print(Group(_table(key, arms), note, _verdict(verdict)))
     if not slices:
         console.print("no requests in the records yet", style="dim")
+    if report.cache:
+        console.print(_cache_table(report.cache))
+
+
+def _cache_table(rows: list[CacheRow]) -> Table:
+    """Prompt tokens the engines' prefix caches held, per pool and endpoint."""
+    table = Table(title="prefix cache", title_justify="left", title_style="bold")
+    for name in ("pool", "endpoint", "requests", "prompt tokens", "cached", "hit ratio"):
+        table.add_column(name, justify="left" if name in ("pool", "endpoint") else "right")
+    for row in rows:
+        ratio = "-" if row.hit_ratio is None else f"{row.hit_ratio:.1%}"
+        table.add_row(
+            row.pool if not row.endpoint else "",
+            row.endpoint or "(all)",
+            str(row.requests),
+            f"{row.prompt_tokens:,}",
+            f"{row.cached_tokens:,}",
+            ratio,
+        )
+    return table
 
 
 def _heading(report: Report) -> Text:
@@ -124,5 +149,16 @@ def as_json(report: Report) -> dict[str, Any]:
                 "reasons": list(v.reasons),
             }
             for v in report.verdicts
+        ],
+        "prefix_cache": [
+            {
+                "pool": c.pool,
+                "endpoint": c.endpoint or None,
+                "requests": c.requests,
+                "prompt_tokens": c.prompt_tokens,
+                "cached_tokens": c.cached_tokens,
+                "hit_ratio": c.hit_ratio,
+            }
+            for c in report.cache
         ],
     }

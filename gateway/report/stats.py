@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
+from gateway.report.cache import CacheRow, cache_rows
+
 Record = Mapping[str, Any]
 WINS = "speculation wins"
 LOSES = "speculation loses"
@@ -86,6 +88,7 @@ class Report:
     first_at: float | None = None
     last_at: float | None = None
     notes: list[str] = field(default_factory=list)
+    cache: list[CacheRow] = field(default_factory=list)
 
 
 def ratio(pairs: Sequence[tuple[float, float]], z: float) -> Estimate | None:
@@ -174,8 +177,9 @@ def _cost(record: Record, priced: bool) -> float:
 
 
 def build(records: Iterable[Record], confidence: float = 0.95, min_requests: int = 10) -> Report:
-    """The report over ``records``; shadow mirrors are left out."""
+    """The report over ``records``; shadow mirrors are left out, but for the prefix cache."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    records = list(records)
     kept = [r for r in records if not r.get("shadow")]
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for record in kept:
@@ -219,6 +223,7 @@ def build(records: Iterable[Record], confidence: float = 0.95, min_requests: int
         len(kept),
         min(times) if times else None,
         max(times) if times else None,
+        cache=cache_rows(records),
     )
 
 

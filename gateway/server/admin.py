@@ -61,6 +61,12 @@ class FlagUpdate(BaseModel):
         )
 
 
+def _needs_reason(reason: str) -> None:
+    """Every change to a flag says why, in the audit log, as the console asks."""
+    if not reason.strip():
+        raise ApiError(status=400, message="reason: say why, for the audit log", param="reason")
+
+
 def flag_json(value: FlagValue) -> dict[str, Any]:
     return {
         "enabled": value.enabled,
@@ -124,21 +130,17 @@ class Admin:
 
     def _flags(self) -> dict[str, dict[str, Any]]:
         policy = self.services.policy.current
-        overrides = self.services.flags.overrides
         used: dict[str, list[str]] = {}
         for rule in policy.rules:
             if rule.rule.flag:
                 used.setdefault(rule.rule.flag, []).append(rule.name)
-        names = sorted({"speculation", *policy.file.flags, *overrides, *used})
-        values = self.services.flags.values
         out = {}
-        for name in names:
-            value = values.get(name, FlagValue())
+        for name, (value, source) in self.services.flags.known().items():
             declared = policy.file.flags.get(name)
             out[name] = {
                 "name": name,
                 **flag_json(value),
-                "source": "ops" if name in overrides else "policy" if declared else "implicit",
+                "source": source,
                 "description": declared.description if declared else "",
                 "rules": used.get(name, []),
             }
@@ -167,14 +169,33 @@ class Admin:
         known = self._flags()
         if name not in known and not update.create:
             raise _unknown_flag(name, known)
+        _needs_reason(update.reason)
+        if update.rollout is not None and 0 < update.rollout < 100:
+            self._refuse_keyless_rollout(update.rollout)
         entry = await self.services.state.set_flag(
             name, update.value(), _actor(request), self.services.wall(), update.reason
         )
         return _json({"flag": self._flags()[name], "audit": audit_json(entry)})
 
+    def _refuse_keyless_rollout(self, rollout: float) -> None:
+        """A rollout draws tenants (a hash of the tenant an API key names), never requests,
+        and a request without a known key is in no partial rollout: where no request can
+        have a tenant, a partial rollout would be off for everyone, so it is refused."""
+        if self.services.identity.knows_tenants:
+            return
+        raise ApiError(
+            status=400,
+            message=f"rollout: a rollout draws from tenants, and this gateway knows none, so "
+            f"every request is anonymous and none would be in a {rollout:g}% rollout. Give "
+            "tenants api_keys in the policy (or set SPECLANE_TRUSTED_TENANT_HEADER), or turn "
+            "the flag on or off for everyone",
+            param="rollout",
+        )
+
     async def delete_flag(self, request: Request) -> Response:
         name = _flag_name(request)
         reason = request.query_params.get("reason", "")
+        _needs_reason(reason)
         entry = await self.services.state.delete_flag(
             name, _actor(request), self.services.wall(), reason
         )
@@ -201,10 +222,13 @@ class Admin:
         configured = self.services.policy.current.pools
         for name, entry in pools.items():
             if name in configured:  # which signal the engine offers, and which outcomes gave
-                entry.update(
-                    describe(configured[name]), signals_seen=self.services.signals.of(name)
-                )
-        return _json({"slices": views.summary(self.services.wall()), "pools": pools})
+                pool = configured[name]
+                shows = self.services.engines.of(pool.engine).shows
+                entry.update(describe(pool, shows), signals_seen=self.services.signals.of(name))
+        for name, hits in self.services.feedback.cache.summary().items():
+            pools.setdefault(name, {})["prefix_cache"] = hits
+        wall = self.services.wall()
+        return _json({"slices": views.summary(wall), "pools": pools, "splits": views.splits(wall)})
 
     async def policy(self, request: Request) -> Response:
         holder = self.services.policy

@@ -3,7 +3,7 @@
     GET  /admin/policy/source    running text, version, last reload, the file on disk
     POST /admin/policy/lint      {"text"} -> every problem, placed (line, column)
     POST /admin/policy/explain   {"request", "endpoint", "headers", "draft"} -> the decision
-                                 ("endpoint": a short name or a path, gateway/endpoints.py)
+                                 ("endpoint": a short name or a path, gateway/apis/)
                                  under the running policy and under the draft, side by side
     POST /admin/policy/apply     {"text", "base_version", "reason", "dry_run"}
 
@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import endpoints, schema
+from gateway import apis, schema
 from gateway.classify import Defaults, classify
 from gateway.errors import JSON, ApiError
 from gateway.lifecycle import reload_policy
@@ -177,7 +177,7 @@ class PolicyDrafts:
             answer["version"],
             who,
             disk["version"],
-            body.reason or "no reason given",
+            body.reason,
         )
         answer.update(applied=True, reloaded=result.changed, errors=list(result.errors))
         return _json(answer, 200 if result.changed else 422)
@@ -212,6 +212,10 @@ class PolicyDrafts:
                 param="base_version",
                 code="policy_changed",
             )
+        if not body.reason.strip():  # as a flag's change, and as the console asks
+            return ApiError(
+                status=400, message="reason: say why, for the audit log", param="reason"
+            )
         return None
 
 
@@ -231,21 +235,23 @@ def _explained(
     defaults: Defaults,
 ) -> dict[str, Any]:
     try:
-        api = endpoints.named(body.endpoint)
+        api = apis.named(body.endpoint)
     except ValueError as exc:
         raise ApiError(status=400, message=str(exc), param="endpoint") from None
     headers = {k.lower(): v for k, v in body.headers.items()}
     try:
-        parsed, _ = schema.parse(orjson.dumps(body.request), api.kind)
+        parsed, _ = schema.parse(orjson.dumps(body.request), api.model)
     except ApiError as exc:
         raise ApiError(
             status=400,
             message=f"request: {exc.message}",
             param=f"request.{exc.param or ''}".rstrip("."),
         ) from None
-    features = classify(parsed, api.path.value, headers, "explain", defaults)
+    features = classify(parsed, api.path, headers, "explain", defaults.under(running.file.defaults))
     out: dict[str, Any] = {
-        "running": explain(features, running, merged(running.file.flags, overrides)).as_json()
+        "running": explain(
+            features, running, merged(running.file.flags, overrides), "live"
+        ).as_json()
     }
     if body.draft is not None:
         try:
@@ -253,7 +259,11 @@ def _explained(
         except PolicyError as exc:
             out["draft"] = {"problems": [problem_json(p) for p in exc.problems]}
         else:
-            out["draft"] = explain(features, draft, merged(draft.file.flags, overrides)).as_json()
+            drafted = classify(
+                parsed, api.path, headers, "explain", defaults.under(draft.file.defaults)
+            )
+            live = merged(draft.file.flags, overrides)
+            out["draft"] = explain(drafted, draft, live, "live").as_json()
     return out
 
 

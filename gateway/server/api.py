@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import pipeline
+from gateway.apis import Api
 from gateway.errors import JSON
 from gateway.forward.respond import SSEResponse
 from gateway.server import relayed
@@ -22,24 +24,22 @@ def _json(body: object, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status, media_type=JSON)
 
 
-class Api:
-    """The model endpoints (OpenAI's chat and text completions and Responses, Anthropic's
-    Messages) and the health checks."""
+class Endpoints:
+    """The model endpoints, one made for each API (``gateway/apis/``), and the health
+    checks."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
 
-    async def chat(self, request: Request) -> Response | SSEResponse:
-        return await pipeline.complete(self.services, request, "chat")
+    def model_api(self, api: Api) -> Callable[[Request], Awaitable[Response | SSEResponse]]:
+        """The endpoint of one model API: every request to it goes down the pipeline."""
+        services = self.services
 
-    async def completions(self, request: Request) -> Response | SSEResponse:
-        return await pipeline.complete(self.services, request, "completion")
+        async def endpoint(request: Request) -> Response | SSEResponse:
+            return await pipeline.complete(services, request, api)
 
-    async def messages(self, request: Request) -> Response | SSEResponse:
-        return await pipeline.complete(self.services, request, "messages")
-
-    async def responses(self, request: Request) -> Response | SSEResponse:
-        return await pipeline.complete(self.services, request, "responses")
+        endpoint.__name__ = api.name
+        return endpoint
 
     async def models(self, request: Request) -> Response:
         created = int(time.time())

@@ -20,14 +20,11 @@ from starlette.types import ASGIApp
 from backends.outlier import OutlierRules
 from backends.pool import Pools
 from backends.upstream import Upstream
+from gateway.apis import APIS, Registry
 from gateway.classify import Defaults
-from gateway.errors import (
-    ApiError,
-    api_error_handler,
-    internal_error,
-    route_not_found,
-    shape_of,
-)
+from gateway.engines import ENGINES
+from gateway.engines import Registry as Engines
+from gateway.errors import ApiError, internal_error, route_not_found
 from gateway.forward.passthrough import PerRequestReports
 from gateway.forward.shadow import ShadowLimits, ShadowRunner
 from gateway.gate import Gate
@@ -46,7 +43,7 @@ from gateway.measure.scrape import PoolScraper
 from gateway.measure.signals import SignalsSeen
 from gateway.measure.telemetry import Telemetry
 from gateway.server.admin import Admin
-from gateway.server.api import Api
+from gateway.server.api import Endpoints
 from gateway.server.console.routes import console_off_routes, console_routes
 from gateway.server.fastlane import FastLane
 from gateway.server.relayed import OTHER_ROUTES
@@ -56,6 +53,7 @@ from gateway.state.flagstore import FlagStore
 from gateway.state.memory import MemoryState, SharedState
 from gateway.state.pins import MemoryPins, RedisPins, ResponsePins
 from gateway.state.policyfile import PolicyHolder
+from gateway.state.prefixes import MemoryPrefixes, PrefixMap, RedisPrefixes
 from gateway.state.redis_store import RedisState
 from policies.compiled import CompiledPolicy
 
@@ -69,15 +67,17 @@ def build_services(
     clock: Callable[[], float] | None = None,
     wall: Callable[[], float] | None = None,
     tracers: TracerProvider | None = None,
+    engines: Engines = ENGINES,
 ) -> Services:
     """``tracers``, when given, is where spans go instead of ``settings.otlp_endpoint``;
-    ``clock`` (monotonic) and ``wall``, when given, replace the clocks ``settings`` says."""
+    ``clock`` (monotonic) and ``wall``, when given, replace the clocks ``settings`` says;
+    ``engines``: those a pool's ``engine`` may name (``gateway/engines/``)."""
     clock = clock or scaled(time.monotonic, settings.time_scale)
     wall = wall or scaled(time.time, settings.time_scale)
-    holder = policy or PolicyHolder.from_file(settings.policy)
+    holder = policy or PolicyHolder.from_file(settings.policy, engines)
     current = holder.get
     upstream = Upstream(
-        max_connections=settings.upstream_max_connections,
+        max_connections=settings.upstream_connections,
         keepalive_s=settings.upstream_keepalive_s,
         max_response_bytes=settings.max_response_bytes,
     )
@@ -115,26 +115,54 @@ def build_services(
         upstream=upstream,
         pools=pools,
         telemetry=telemetry,
-        shadow=_shadow(settings, pools, clock, checks, telemetry, feedback),
+        shadow=_shadow(settings, pools, clock, checks, telemetry, feedback, engines),
         feedback=feedback,
-        scraper=_scraper(settings, pools, upstream, stats, wall, telemetry, state),
-        defaults=Defaults(
-            settings.default_temperature,
-            settings.default_top_p,
-            endpoint_header=settings.endpoint_header.lower(),
-        ),
+        scraper=_scraper(settings, pools, upstream, stats, wall, telemetry, state, engines),
+        defaults=_defaults(settings),
         identity=identity,
         gate=Gate(identity, current, settings.max_requests, settings.max_requests_per_tenant),
         reports=PerRequestReports(),
         load=load,
         checks=checks,
-        load_scraper=LoadScraper(pools, upstream, load, clock),
+        load_scraper=_load_scraper(pools, upstream, load, clock, stats, wall, engines),
         request_log=_request_log(settings),
-        pins=_pins(settings, clock),
+        pins=_pins(settings, clock, telemetry),
+        prefixes=_prefixes(settings, clock),
+        engines=engines,
     )
-    telemetry.watch(stats.views, current, wall)
+    telemetry.watch(stats.views, current, wall, flags.known)
     holder.subscribe(lambda new: policy_changed(services, new))
     return services
+
+
+def _defaults(settings: Settings) -> Defaults:
+    return Defaults(
+        settings.default_temperature,
+        settings.default_top_p,
+        endpoint_header=settings.endpoint_header.lower(),
+    )
+
+
+def _load_scraper(
+    pools: Pools,
+    upstream: Upstream,
+    load: LoadMeter,
+    clock: Callable[[], float],
+    stats: LiveStats,
+    wall: Callable[[], float],
+    engines: Engines,
+) -> LoadScraper:
+    """The engines' load pages, their step counters teaching each pool's step time."""
+    return LoadScraper(
+        pools,
+        upstream,
+        load,
+        clock,
+        on_step=lambda pool, k, step: stats.steps.learn_engine(
+            pool, k, step.seconds, step.batch, step.prefill, wall()
+        ),
+        engines=engines,
+    )
 
 
 def _load_meter(
@@ -166,11 +194,12 @@ def _shadow(
     checks: Checks,
     telemetry: Telemetry,
     feedback: Feedback,
+    engines: Engines,
 ) -> ShadowRunner:
     limits = ShadowLimits.of(settings)
     canary = CanaryLimits(settings.canary_max_mismatch, settings.canary_min_samples)
     alarm = Canary(telemetry, canary, feedback.canary_failed)
-    return ShadowRunner(pools, clock, checks, telemetry, limits, alarm, feedback.prefilled)
+    return ShadowRunner(pools, clock, checks, telemetry, limits, alarm, feedback.prefilled, engines)
 
 
 def _scraper(
@@ -181,6 +210,7 @@ def _scraper(
     wall: Callable[[], float],
     telemetry: Telemetry,
     state: SharedState,
+    engines: Engines,
 ) -> PoolScraper:
     return PoolScraper(
         pools,
@@ -191,6 +221,7 @@ def _scraper(
         # a reading stands for the last six scrapes, and never less than a minute
         window_s=max(60.0, 6 * settings.scrape_interval_s),
         drain=state.drained,
+        engines=engines,
     )
 
 
@@ -250,23 +281,44 @@ def _state(
     )
 
 
-def _pins(settings: Settings, clock: Callable[[], float]) -> ResponsePins:
-    ttl_s = settings.response_pin_ttl_s
+def _pins(settings: Settings, clock: Callable[[], float], telemetry: Telemetry) -> ResponsePins:
+    ttl_s, per_tenant = settings.response_pin_ttl_s, settings.response_pins_per_tenant
+    local = MemoryPins(ttl_s, clock=clock, per_tenant=per_tenant)
     if settings.redis_url is None:
-        return MemoryPins(ttl_s, clock=clock)
+        return local
     return RedisPins(
         settings.redis_url,
         settings.namespace,
         settings.real_s(ttl_s),
         password=settings.redis_password.get_secret_value() if settings.redis_password else None,
-        local=MemoryPins(ttl_s, clock=clock),
+        per_tenant=per_tenant,
+        local=local,
+        dropped=telemetry.pin_writes_dropped,
     )
 
 
-def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
-    """The gateway as an ASGI app; pass ``services`` to plug in prebuilt collaborators."""
+def _prefixes(settings: Settings, clock: Callable[[], float]) -> PrefixMap:
+    ttl_s = settings.prefix_ttl_s
+    local = MemoryPrefixes(ttl_s, clock=clock, max_entries=settings.prefix_map_entries)
+    if settings.redis_url is None:
+        return local
+    return RedisPrefixes(
+        settings.redis_url,
+        settings.namespace,
+        settings.real_s(ttl_s),
+        password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+        local=local,
+    )
+
+
+def create_app(
+    settings: Settings, services: Services | None = None, apis: Registry = APIS
+) -> ASGIApp:
+    """The gateway as an ASGI app; pass ``services`` to plug in prebuilt collaborators. It
+    serves every API of ``apis`` (``gateway/apis/``) at its path, through the fast lane."""
     services = services or build_services(settings)
-    api = Api(services)
+    api = Endpoints(services)
+    served = {model_api.path: api.model_api(model_api) for model_api in apis}
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -280,10 +332,7 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
         )
 
     routes = [
-        Route("/v1/chat/completions", api.chat, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/messages", api.messages, methods=["POST"]),
-        Route("/v1/responses", api.responses, methods=["POST"]),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in served.items()),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.model_card, methods=["GET"]),
         *(Route(path, api.other_route, methods=["POST"]) for path in OTHER_ROUTES),
@@ -298,57 +347,64 @@ def create_app(settings: Settings, services: Services | None = None) -> ASGIApp:
         routes += console_routes()
     else:
         routes += console_off_routes(admin_api=settings.admin_token is not None)
-    on_api_error = _counted(services.telemetry)
-    on_crash = _crashed(services.telemetry)
+    on_api_error = _counted(services.telemetry, apis)
+    on_crash = _crashed(services.telemetry, apis)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
             ApiError: on_api_error,
-            HTTPException: _http_error,
+            HTTPException: _http_error(apis),
             Exception: on_crash,
         },
     )
-    hot = {
-        "/v1/chat/completions": api.chat,
-        "/v1/completions": api.completions,
-        "/v1/messages": api.messages,
-        "/v1/responses": api.responses,
-    }
-    return FastLane(app, hot, on_api_error, services.gate, on_crash)
+    # A path with a trailing slash is an unknown path (404), never a redirect: Starlette
+    # builds the redirect's target from the client's Host header.
+    app.router.redirect_slashes = False
+    return FastLane(app, served, on_api_error, services.gate, on_crash)
 
 
-def _counted(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+def _counted(telemetry: Telemetry, apis: Registry) -> Handler:
     """Errors of the model routes are counted; the admin API's (a wrong token, an unknown
-    flag) and the console's are the operator's, not the clients'."""
+    flag) and the console's are the operator's, not the clients'. Each is answered in the
+    shape of the API it came in on."""
 
     async def handler(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        if request.scope["path"].startswith("/v1/"):
+        path = request.scope["path"]
+        if path.startswith("/v1/"):
             telemetry.error(exc.status, exc.code or exc.type)
-        return await api_error_handler(request, exc)
+        return exc.response(shape=apis.shape_of(path))
 
     return handler
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
+def _http_error(apis: Registry) -> Handler:
     """A path the gateway does not serve, or a method its route lacks: vLLM's own answer."""
-    assert isinstance(exc, HTTPException)
-    if exc.status_code in (404, 405):
-        return route_not_found(exc.status_code)
-    error = ApiError(status=exc.status_code, message=str(exc.detail))
-    return error.response(dict(exc.headers or {}), shape_of(request.scope["path"]))
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code in (404, 405):
+            return route_not_found(exc.status_code)
+        error = ApiError(status=exc.status_code, message=str(exc.detail))
+        return error.response(dict(exc.headers or {}), apis.shape_of(request.scope["path"]))
+
+    return handler
 
 
-def _crashed(telemetry: Telemetry) -> Callable[[Request, Exception], Awaitable[Response]]:
+def _crashed(telemetry: Telemetry, apis: Registry) -> Handler:
     """A bug: logged with its traceback, answered 500 with no detail in the shape of the API
     it came in on, and counted like any other error answer of the model APIs
     (``speclane_request_errors_total``)."""
 
     async def handler(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error serving %s", request.url.path, exc_info=exc)
-        if request.scope["path"].startswith("/v1/"):
+        path = request.scope["path"]
+        if path.startswith("/v1/"):
             telemetry.error(500, "internal_error")
-        return internal_error(request.scope["path"])
+        return internal_error(apis.shape_of(path))
 
     return handler

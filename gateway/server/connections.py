@@ -15,8 +15,14 @@ it buffers a header of any size, and an idle or trickling connection is kept for
   few seconds gets a 408 and its connection is closed (the app sees a disconnect);
 - at most ``max_connections`` connections are open, and at most ``max_connections_per_peer``
   from one client address (an IPv6 one by its /64): one more is answered 503 with
-  ``Retry-After`` at once and closed, so that file descriptors run out neither for the
-  connections being served nor for the upstream ones, and one client cannot take them all;
+  ``Retry-After`` at once and closed, and never counts as open; past ``max_lingering`` such
+  refusals closing at once, it is closed without a lingering close. So file descriptors
+  run out neither for the connections being served nor for the upstream ones, and one
+  client cannot take them all, however fast it opens connections;
+- a body is given to the parser ``_TURN`` bytes at a time, each in its own turn of the event
+  loop, reading from the client paused meanwhile, so that a body of millions of one-byte
+  chunks costs its sender time, never the other connections (tiny chunks are framed at C
+  speed, ``framing.py``, and their pieces handed to the request once a read);
 - a parser error is a 400 in OpenAI's shape, as every other error;
 - a refusal of a pipelined request is written after the answers to the requests before it
   on the connection, never in their place.
@@ -51,6 +57,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LINGER_S = 1.0
+# Body bytes one connection gives the parser before every other connection gets its turn of
+# the event loop: about 2 ms of framing and parsing for a body of one-byte chunks (the worst
+# case, about 0.15 us a chunk), where a whole read of up to 256 KiB would hold the loop four
+# times as long, and a client that writes faster than that is read no faster.
+_TURN = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +74,18 @@ class ConnectionLimits:
     max_connections: int
     max_connections_per_peer: int
     retry_after_s: int = 1
+    max_lingering: int = 16  # connections turned away as they opened that close slowly
 
     @classmethod
     def of(cls, settings: Settings) -> ConnectionLimits:
+        cap = settings.client_connections
         return cls(
             settings.max_header_bytes,
             settings.header_timeout_s,
             settings.body_timeout_s,
-            settings.max_connections,
+            cap,
             settings.connections_per_peer,
+            max_lingering=min(max(16, cap // 16), 256),
         )
 
 
@@ -92,6 +106,7 @@ def protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
     Bounded.limits = limits
     Bounded.peers = Counter()
+    Bounded.lingering = set()
     return Bounded
 
 
@@ -100,6 +115,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits]
     peers: ClassVar[Counter[str]]
+    lingering: ClassVar[set[BoundedProtocol]]  # turned away as they opened, closing
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -112,12 +128,14 @@ class BoundedProtocol(HttpToolsProtocol):
         self._peer: str | None = None
         self._before: RequestResponseCycle | None = None  # the cycle before the newest one
         self._owed: tuple[RequestResponseCycle, _Refusal] | None = None
+        self._held = bytearray()  # bytes read and not yet given to the parser
+        self._pieces: list[bytes] = []  # body the parser gave in this read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             message = "too many connections to the gateway; retry shortly"
-            self._refuse(_Refusal(503, message, "server_error", "too_many_connections"))
+            self._turn_away(_Refusal(503, message, "server_error", "too_many_connections"))
             return
         if self.client is None:  # a Unix socket: no address to share by
             self._arm(self.limits.header_timeout_s)
@@ -125,7 +143,8 @@ class BoundedProtocol(HttpToolsProtocol):
         peer = peer_of(self.client[0])
         if self.peers[peer] >= self.limits.max_connections_per_peer:
             message = "too many connections to the gateway from this address; retry shortly"
-            self._refuse(_Refusal(503, message, "server_error", "too_many_connections_from_peer"))
+            refusal = _Refusal(503, message, "server_error", "too_many_connections_from_peer")
+            self._turn_away(refusal)
             return
         self._peer = peer
         self.peers[peer] += 1
@@ -133,6 +152,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.lingering.discard(self)
         if self._peer is not None:
             self.peers[self._peer] -= 1
             if not self.peers[self._peer]:
@@ -141,13 +161,40 @@ class BoundedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._held:  # bytes read before these still wait for their turn
+            self._held += data
+            self.transport.pause_reading()
+            return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        fed = 0  # body bytes given to the parser in this turn of the event loop
         while data and not self._discarding and not self.transport.is_closing():
             if not self._in_head and self._body is None:
                 # A message the parser goes on reading with no framing the headers name:
                 # nothing of it could be counted, so it is refused rather than read uncounted.
                 self.send_400_response("")
                 return
-            data = self._feed_head(data) if self._in_head else self._feed_body(data)
+            if self._in_head:
+                data = self._feed_head(data)
+            elif fed < _TURN:
+                turn = _TURN - fed
+                rest = self._feed_body(data[:turn])
+                fed += min(turn, len(data)) - len(rest)
+                data = rest + data[turn:]
+            else:  # the rest waits while every other connection gets its turn
+                self._held = bytearray(data)
+                self.transport.pause_reading()
+                self.loop.call_soon(self._release)
+                return
+
+    def _release(self) -> None:
+        data, self._held = bytes(self._held), bytearray()
+        if self.transport.is_closing():
+            return
+        if not self.flow.read_paused:  # else the app has yet to read what it was given
+            self.transport.resume_reading()
+        self._take(data)
 
     def _feed_head(self, data: bytes) -> bytes:
         """Give the parser ``data`` up to its head's end; what is left after it."""
@@ -177,9 +224,16 @@ class BoundedProtocol(HttpToolsProtocol):
             self._refuse(_Refusal(431, message, _INVALID, _TOO_LARGE))
             return b""
         super().data_received(data[:size])
+        if self._pieces:  # the request is given what this read held of its body at once
+            piece = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
+            self._pieces.clear()
+            super().on_body(piece)
         if ended and not self._in_head:
             self._body = None  # the parser reads on where the framing ended: refused above
         return data[size:]
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)  # one a chunk: handed on by ``_feed_body``, once a read
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._in_head:  # a trailer's fields are counted and dropped, never headers
@@ -254,19 +308,26 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         self._write(refusal)
 
+    def _turn_away(self, refusal: _Refusal) -> None:
+        """Refuse a connection over a cap as it opens, outside the count of open
+        connections: one address opening connections faster than they close would
+        otherwise fill the cap with its own refusals and starve every other client. Its
+        answer is followed by a lingering close (``_write``) while fewer than
+        ``max_lingering`` refusals linger, and by an immediate one past that, so that a
+        flood of connections cannot hold the process's file descriptors either (what the
+        client sent is then unread, and it may see a reset in place of the answer)."""
+        self.connections.discard(self)
+        if len(self.lingering) < self.limits.max_lingering:
+            self.lingering.add(self)
+            self._write(refusal)
+            return
+        self._discarding = True
+        self.transport.write(self._answer(refusal))
+        self.transport.close()
+
     def _write(self, refusal: _Refusal) -> None:
         """Write ``refusal`` in OpenAI's shape and close the connection."""
-        status, message, kind, code = refusal
-        error = {"message": message, "type": kind, "param": None, "code": code}
-        body = orjson.dumps({"error": error})
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head.append(b"content-type: application/json\r\n")
-        if status == 503:
-            head.append(b"retry-after: %d\r\n" % self.limits.retry_after_s)
-        head += [b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]
-        self.transport.write(b"".join(head))
+        self.transport.write(self._answer(refusal))
         if not self.transport.can_write_eof():
             self.transport.close()
             return
@@ -280,7 +341,21 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         self._discarding = True
         self._deadline = self.loop.call_later(_LINGER_S, self.transport.close)
-        log.debug("connection from %s refused: %d %s", self.client, status, message)
+        log.debug("connection from %s refused: %d %s", self.client, *refusal[:2])
+
+    def _answer(self, refusal: _Refusal) -> bytes:
+        """``refusal`` as an HTTP answer in OpenAI's shape, with ``Connection: close``."""
+        status, message, kind, code = refusal
+        error = {"message": message, "type": kind, "param": None, "code": code}
+        body = orjson.dumps({"error": error})
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"content-type: application/json\r\n")
+        if status == 503:
+            head.append(b"retry-after: %d\r\n" % self.limits.retry_after_s)
+        head += [b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]
+        return b"".join(head)
 
 
 def peer_of(host: str) -> str:

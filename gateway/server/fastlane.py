@@ -1,7 +1,8 @@
-"""Step 1 for the hot endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/messages`` and ``/v1/responses`` go straight to their handlers, past Starlette's
-middleware stack and route matching, which cost ~50 us a request under load
-(bench/RESULTS.md); every other request goes to the Starlette app. Each hot request
+"""Step 1 for the hot endpoints: a ``POST`` to the path of an API served (``gateway/apis/``:
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/messages``, ``/v1/responses``) goes
+straight to its handler, past Starlette's middleware stack and route matching, which cost
+~50 us a request under load (bench/RESULTS.md); every other request goes to the Starlette
+app. Each hot request
 passes the gate first (``gateway/gate.py``: caller, places in flight) and gives its place
 back once its answer is sent. Errors are rendered by the same handlers the app uses, in
 the shape of the API the request came in on.

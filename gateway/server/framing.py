@@ -9,6 +9,7 @@ request it rejects is a 400 whatever they found.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 CRLF = b"\r\n"
@@ -16,6 +17,18 @@ BLANK_LINE = b"\r\n\r\n"
 # What a chunk's size line may take without counting against the head limit: 16 hex digits
 # (any size the parser takes) and its line end; extensions beyond that count.
 SIZE_LINE = 16 + len(CRLF)
+_PLAIN_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})\r\n")  # no extension: all of it allowed
+
+
+def _tiny_chunks() -> re.Pattern[bytes]:
+    """A run of whole chunks of 1 to 15 bytes with plain size lines, matched in one call:
+    their framing is most of their bytes, so they are skipped at C speed, and a chunk the
+    scanner steps over in Python carries at least 16 bytes of data."""
+    sizes = (f"{f'[{n:x}{n:X}]' if n > 9 else n}\r\n.{{{n}}}\r\n" for n in range(1, 16))
+    return re.compile(f"(?:{'|'.join(sizes)})+".encode(), re.DOTALL)
+
+
+_TINY_CHUNKS = _tiny_chunks()
 
 
 class HeadEnd:
@@ -74,16 +87,27 @@ class Chunked(Body):
         self._trailer: HeadEnd | None = None  # set once the last chunk's size line is read
 
     def take(self, data: bytes) -> tuple[int, bool]:
-        at = 0
-        while at < len(data):
+        at, end = 0, len(data)
+        while at < end:
             if self._trailer is not None:
                 return self._take_trailer(data, at)
             if self._data or self._crlf:
-                step = min(self._data + self._crlf, len(data) - at)
+                step = min(self._data + self._crlf, end - at)
                 from_data = min(step, self._data)
                 self._data -= from_data
                 self._crlf -= step - from_data
                 at += step
+            elif not self._line and (tiny := _TINY_CHUNKS.match(data, at)) is not None:
+                at = tiny.end()
+            elif not self._line and (plain := _PLAIN_SIZE_LINE.match(data, at)) is not None:
+                # the usual size line, whole in this read: one match, nothing extra to count
+                size, at = int(plain.group(1), 16), plain.end()
+                if size and at + size + len(CRLF) <= end:
+                    at += size + len(CRLF)  # and the chunk's data with it
+                elif size:
+                    self._data, self._crlf = size, len(CRLF)
+                else:
+                    self._last_chunk()
             else:
                 at = self._take_size_line(data, at)
         return at, False
@@ -100,11 +124,14 @@ class Chunked(Body):
         size = _chunk_size(self._line)
         self._line, self._line_len = b"", 0
         if size == 0:
-            self._trailer = HeadEnd()
-            self._trailer.end(CRLF)  # the size line's own line end may end an empty trailer
+            self._last_chunk()
         else:
             self._data, self._crlf = size, len(CRLF)
         return stop
+
+    def _last_chunk(self) -> None:
+        self._trailer = HeadEnd()
+        self._trailer.end(CRLF)  # the size line's own line end may end an empty trailer
 
     def _grow(self, part: bytes) -> None:
         before = max(0, self._line_len - SIZE_LINE)

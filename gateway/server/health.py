@@ -19,7 +19,7 @@ def pool_health(services: Services) -> dict[str, dict[str, Any]]:
     return {
         name: {
             "healthy": pools.healthy(name),
-            **describe(pool),
+            **describe(pool, services.engines.of(pool.engine).shows),
             "signals_seen": services.signals.of(name),
             "speculation": services.scraper.speculation(name),
             "endpoints": [
@@ -37,10 +37,14 @@ def pool_health(services: Services) -> dict[str, dict[str, Any]]:
 
 def pools_detail(services: Services) -> dict[str, dict[str, Any]]:
     """``pool_health`` with each pool's kind, model, k and the last scraped difference of
-    its counters (``scraped`` is None until two scrapes saw draft tokens; SGLang's gauges as
-    they are), and for endpoints read drained-on-read the iterations they dropped unread."""
+    its counters (``scraped`` is None until two scrapes saw draft tokens; an engine's
+    gauges as they are, ``Engine.gauged``), for endpoints read drained-on-read the
+    iterations they dropped unread, and the prefix cache's hit ratio of the pool and of each
+    endpoint (None until an answer said how much of its prompt was cached;
+    ``gateway/measure/cachehits.py``)."""
     policy = services.policy.current
     health = pool_health(services)
+    hits = services.feedback.cache.summary()
     out = {}
     for name, pool in policy.pools.items():
         latest = services.scraper.latest.get(name)
@@ -53,12 +57,16 @@ def pools_detail(services: Services) -> dict[str, dict[str, Any]]:
                 "drafts": latest.drafts,
             }
         gauges = services.scraper.gauges.get(name)
-        if gauges is not None:  # SGLang: its own figures, not differences
+        if gauges is not None:  # an engine's own figures, not differences
             scraped = {
                 "acceptance": gauges.rate,
                 "tokens_per_step": gauges.length,
                 "tokens_per_step_since_start": gauges.lifetime_length,
             }
+        cached = hits.get(name, {})
+        for endpoint in health[name]["endpoints"]:
+            seen = cached.get("endpoints", {}).get(endpoint["url"], {})
+            endpoint["prefix_cache_hit_ratio"] = seen.get("hit_ratio")
         urls = [e["url"] for e in health[name]["endpoints"]]
         lost = {u: n for u, n in services.scraper.lost.items() if u in urls}
         out[name] = {
@@ -68,5 +76,6 @@ def pools_detail(services: Services) -> dict[str, dict[str, Any]]:
             **health[name],
             "scraped": scraped,
             "iterations_lost": lost or None,
+            "prefix_cache_hit_ratio": cached.get("hit_ratio"),
         }
     return out

@@ -9,20 +9,27 @@ calls that name a stored response.
   of every request (``Pools.exchange``). A model no ladder serves gets the gateway's 404.
 - **Stored responses** (``GET``/``DELETE /v1/responses/{id}``,
   ``POST /v1/responses/{id}/cancel``) go to the endpoint that answered the response, as
-  ``gateway/state/pins.py`` remembers it, and nowhere else: only that server holds it. An id
-  the gateway does not know, or whose endpoint left the pools, gets vLLM's own 404 for an
-  unknown id; an endpoint that does not answer, the gateway's 503.
+  ``gateway/state/pins.py`` remembers it, and nowhere else: only that server holds it. Only
+  the tenant that stored it may name it: an id the gateway does not know as the caller's
+  (another tenant's, or none), or whose endpoint left the pools, gets vLLM's own 404 for an
+  unknown id, the same bytes whichever it was; an endpoint that does not answer, the
+  gateway's 503.
 
 Each is admitted by the gate (API key, places in flight), read within ``max_body_bytes``,
 traced, answered with the upstream's own status, content type and bytes, with
 ``x-speclane-pool`` and ``x-speclane-reason`` (why it went there), and counted in
 ``speclane_requests_total`` (rule ``passthrough`` or ``pinned``, ``endpoint`` the route).
-No guardrail judges them: they generate nothing to measure. The gateway's own errors are
-OpenAI-shaped, Anthropic-shaped on ``/v1/messages/count_tokens``.
+No guardrail judges them: they generate nothing to measure. A success that is not a JSON
+object (an HTML page from a proxy) is no answer on a route that answers JSON, which is every
+one but audio's (text, SRT or VTT there): it fails over as a 5xx does, and when nothing
+else answers the client gets the gateway's 502, as on chat. The gateway's own errors are
+OpenAI-shaped, Anthropic-shaped on ``/v1/messages/count_tokens``, where an upstream's 4xx
+takes Anthropic's shape too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,9 +40,19 @@ from starlette.responses import Response
 
 from backends.errors import BackendError
 from backends.pool import Attempt, Exchanged
-from gateway.errors import JSON, ApiError, bad_request, from_backend, response_not_found
+from gateway.apis import shape_of
+from gateway.errors import (
+    JSON,
+    ApiError,
+    anthropic_rejected,
+    bad_request,
+    from_backend,
+    response_not_found,
+    unknown_model,
+)
 from gateway.forward.headers import route_headers
 from gateway.forward.respond import cancelled_on_disconnect
+from gateway.identity import Caller
 from gateway.measure.tracing import Trace
 from gateway.pipeline import _client_closed, _read_body, _request_id
 from gateway.services import Services
@@ -57,7 +74,7 @@ OTHER_ROUTES = {
 }
 MODEL_CARD = "/v1/models/{id}"
 STORED = "/v1/responses/{id}"
-_ANTHROPIC = {"/v1/messages/count_tokens"}
+_NOT_JSON = {"/v1/audio/transcriptions", "/v1/audio/translations"}  # text, SRT, VTT
 _FORWARDED = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _MODEL_FIELD = re.compile(rb'content-disposition:[^\r\n]*\bname="model"', re.IGNORECASE)
@@ -75,20 +92,22 @@ class Call:
     rule: str
     model: str
     pinned: str | None = None  # the one endpoint that may serve it
+    json: bool = True  # the route answers a JSON object: a success that is none is no answer
 
 
-Prepare = Callable[[Trace], Awaitable[Call | Response]]
+Prepare = Callable[[Trace, Caller], Awaitable[Call | Response]]
 
 
 async def other_route(services: Services, request: Request) -> Response:
     """``POST`` to one of ``OTHER_ROUTES``: to the model's passthrough pool."""
     route: str = request.scope["path"]
 
-    async def prepare(trace: Trace) -> Call:
+    async def prepare(trace: Trace, caller: Caller) -> Call:
         body = await _read_body(request, services.settings.max_body_bytes)
         with trace.step("parse"):
             model = _model_in(body, request.headers.get("content-type", ""))
-        return _passthrough(services, "POST", _target(request), body, route, model)
+        call = _passthrough(services, "POST", _target(request), body, route, model)
+        return dataclasses.replace(call, json=route not in _NOT_JSON)
 
     return await _relay(services, request, route, OTHER_ROUTES[route], prepare)
 
@@ -97,7 +116,7 @@ async def model_card(services: Services, request: Request) -> Response:
     """``GET /v1/models/{id}``: to that model's passthrough pool."""
     model: str = request.path_params["model"]
 
-    async def prepare(trace: Trace) -> Call:
+    async def prepare(trace: Trace, caller: Caller) -> Call:
         return _passthrough(services, "GET", _target(request), b"", MODEL_CARD, model)
 
     return await _relay(services, request, MODEL_CARD, "model", prepare)
@@ -111,9 +130,10 @@ async def stored_response(services: Services, request: Request) -> Response:
     cancel = request.scope["path"].endswith("/cancel")
     route = STORED + ("/cancel" if cancel else "")
 
-    async def prepare(trace: Trace) -> Call | Response:
+    async def prepare(trace: Trace, caller: Caller) -> Call | Response:
         body = await _read_body(request, services.settings.max_body_bytes) if cancel else b""
-        where = await services.pins.where(response_id) if valid_id(response_id) else None
+        found = valid_id(response_id)  # and the caller's: another tenant's is unknown here
+        where = await services.pins.where(caller.tenant, response_id) if found else None
         endpoint = services.pools.endpoint(where) if where is not None else None
         if endpoint is None:
             return response_not_found(response_id)
@@ -137,12 +157,7 @@ def _passthrough(
         model = next(iter(ladders))
     ladder = ladders.get(model)
     if ladder is None:
-        raise ApiError(
-            status=404,
-            message=f"The model `{model}` does not exist.",
-            param="model",
-            code="model_not_found",
-        )
+        raise unknown_model(model, ladders)
     rungs = ladder.other_routes
     why = f"passthrough: {route} of {model} goes to {rungs[0]}"
     return Call(method, target, body, rungs, why, "passthrough", model)
@@ -159,7 +174,7 @@ async def _relay(
     except ApiError as exc:
         return _failed(services, trace, route, request_id, exc)
     try:
-        prepared = await prepare(trace)
+        prepared = await prepare(trace, caller)
         if isinstance(prepared, Response):  # nowhere to send it: the engine's own answer
             services.telemetry.error(prepared.status_code, "response_not_found")
             prepared.headers["x-request-id"] = request_id
@@ -190,7 +205,13 @@ async def _forward(
         async with cancelled_on_disconnect(request.receive):  # a client gone cancels upstream
             try:
                 done = await services.pools.exchange(
-                    call.rungs, call.method, call.target, call.body, headers, pinned=call.pinned
+                    call.rungs,
+                    call.method,
+                    call.target,
+                    call.body,
+                    headers,
+                    pinned=call.pinned,
+                    json=call.json,
                 )
             except BackendError as exc:
                 telemetry.failover(first, "exhausted", "none")
@@ -210,6 +231,10 @@ async def _forward(
         telemetry.rejected(served, reply.status)
     telemetry.relayed(call.model, call.rule, served, "ok" if reply.status < 400 else "error", route)
     headers = _headers(services, request_id, served, call, done.attempts)
+    if shape_of(route) == "anthropic" and 400 <= reply.status < 500:  # vLLM's, reshaped
+        return Response(
+            anthropic_rejected(reply.status, reply.body), reply.status, headers, media_type=JSON
+        )
     return Response(reply.body, reply.status, headers, media_type=reply.content_type or JSON)
 
 
@@ -228,7 +253,7 @@ def _failed(
     services.telemetry.error(exc.status, exc.code or exc.type)
     trace.end(exc.status, exc)
     headers = {"x-request-id": request_id, **(exc.headers or {})}
-    return exc.response(headers, "anthropic" if route in _ANTHROPIC else "openai")
+    return exc.response(headers, shape_of(route))
 
 
 def _target(request: Request) -> str:

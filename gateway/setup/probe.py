@@ -2,18 +2,22 @@
 
 ``models_of`` asks ``GET /v1/models`` and raises ``Unreachable`` with the reason when the
 endpoint does not answer as an OpenAI-compatible server. ``pages_of`` then reads what the
-engine shows (``/version``; ``/metrics``, ``/server_info`` or ``/prometheus/metrics``), sends
-the probe (unless told not to) and reads the counters again. The probe is one streamed chat
-request of at most ``PROBE_TOKENS`` tokens at temperature 0 (a completions request when the
-model has no chat template), asking for usage; SGLang is also asked for its
-``return_spec_tokens_details``. A TensorRT-LLM server's ``/metrics`` is never read: each read
-drains the iteration stats a running gateway would count.
+engine shows (``/version``; the page it keeps its counters on, ``Engine.counters_page``, and
+its own page, ``Engine.info_page``, for the engine the model cards' owner or the series of
+``/metrics`` name; ``gateway/engines/``), sends the probe (unless told not to) and reads the
+counters again. The probe is one streamed chat request of at most ``PROBE_TOKENS`` tokens at
+temperature 0 (a completions request when the model has no chat template), asking for usage
+and for what that engine needs to say its per-request figures (``Engine.asks``). A page an
+engine hands to one reader only is never read here: it is not its counters page.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import httpx
 
+from gateway.engines import ENGINES, Engine, Registry
 from gateway.setup import facts
 from gateway.setup.found import Pages
 
@@ -40,7 +44,7 @@ async def models_of(http: httpx.AsyncClient, url: str) -> facts.Models:
     if response.status_code != 200:
         raise Unreachable(
             f"{url}/v1/models answered {response.status_code}: "
-            "is it an OpenAI-compatible server (vLLM, SGLang, TensorRT-LLM)?"
+            f"is it an OpenAI-compatible server ({', '.join(ENGINES.names)})?"
         )
     try:
         return facts.models(response.content)
@@ -49,31 +53,44 @@ async def models_of(http: httpx.AsyncClient, url: str) -> facts.Models:
 
 
 async def pages_of(
-    http: httpx.AsyncClient, url: str, found: facts.Models, model: str, *, probe: bool
+    http: httpx.AsyncClient,
+    url: str,
+    found: facts.Models,
+    model: str,
+    *,
+    probe: bool,
+    engines: Registry = ENGINES,
 ) -> Pages:
     """Every page the engine shows, before and after the probe request."""
     version = await _version(http, url)
-    trtllm = found.owned_by == "tensorrt_llm"
-    counters = "/prometheus/metrics" if trtllm else "/metrics"
+    owner = next((e for e in engines if found.owned_by in e.owners), None)
+    counters = owner.counters_page if owner is not None else "/metrics"
     before = await _text(http, url, counters)
+    engine = owner or _by_series(engines, before)
     info = None
-    sglang = found.owned_by == "sglang" or "sglang:" in (before or "")
-    if sglang:
-        info = await _bytes(http, url, "/server_info")
+    if engine is not None and engine.info_page is not None:
+        info = await _bytes(http, url, engine.info_page)
     answer: facts.Answer | None = None
     error = None
     if probe:
         try:
-            answer = await _probe(http, url, model, sglang=sglang)
+            asks = engine.asks if engine is not None else {}
+            answer = await _probe(http, url, model, asks)
         except Unreachable as exc:
             error = str(exc)
     after = await _text(http, url, counters) if answer is not None else None
-    if trtllm:
-        return Pages(url, found, version, None, None, info, before, after, answer, error)
-    return Pages(url, found, version, before, after, info, None, None, answer, error)
+    return Pages(url, found, version, before, after, info, answer, error)
 
 
-async def _probe(http: httpx.AsyncClient, url: str, model: str, *, sglang: bool) -> facts.Answer:
+def _by_series(engines: Registry, page: str | None) -> Engine | None:
+    """The engine whose own series the page shows, if any."""
+    shown = page or ""
+    return next((e for e in engines if e.series is not None and e.series in shown), None)
+
+
+async def _probe(
+    http: httpx.AsyncClient, url: str, model: str, asks: Mapping[str, object]
+) -> facts.Answer:
     chat: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": _PROMPT}],
@@ -81,9 +98,8 @@ async def _probe(http: httpx.AsyncClient, url: str, model: str, *, sglang: bool)
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **asks,
     }
-    if sglang:
-        chat["return_spec_tokens_details"] = True
     status, body = await _stream(http, _join(url, "/v1/chat/completions"), chat)
     if 400 <= status < 500:  # e.g. a model without a chat template
         plain = {k: v for k, v in chat.items() if k != "messages"} | {"prompt": _PROMPT}

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.setup.found import Found
-from policies.model import Engine
+from gateway.setup.sampling import VLLM_DEFAULT, Sampling
+from policies.model import Bands, Engine, Guardrail
 
 UNKNOWN_K = 4  # written, marked DECIDE, when neither the server nor --k says
 
@@ -69,13 +70,25 @@ def _name(count: int, engine: Engine, k: int | None, taken: list[str]) -> str:
     return name
 
 
-def starter(model: str, found: Sequence[tuple[str, Found]], ladder: Sequence[Pool]) -> Starter:
+def starter(
+    model: str,
+    found: Sequence[tuple[str, Found]],
+    ladder: Sequence[Pool],
+    defaults: Sampling | None = None,
+) -> Starter:
     """The policy file's text: a header of what was found and what to decide, the pools,
-    the ladder and the rules."""
+    the ladder, the model's sampling defaults, the default bands and guardrail (commented)
+    and the rules."""
+    defaults = defaults or Sampling(VLLM_DEFAULT, None, "vLLM's own default", decide=True)
     decide = [
         "cost_per_hour of each pool (what one endpoint costs an hour): with prices the "
         "guardrail and speclane report compare cost per token, without them speed",
     ]
+    if defaults.decide:
+        decide.append(
+            f"defaults.temperature: the temperature {model} samples at when a request sets "
+            f"none ({defaults.source}; --default-temperature sets it)"
+        )
     decide += [
         f"num_speculative_tokens of pool {p.name}: the server does not show its k "
         f"({UNKNOWN_K} is written); give the k it was started with"
@@ -99,8 +112,42 @@ def starter(model: str, found: Sequence[tuple[str, Found]], ladder: Sequence[Poo
         lines += _pool_lines(pool, model)
     names = ", ".join(pool.name for pool in ladder)
     lines.append(f"ladder: [{names}]  # best first; a slice falls to the cheapest rung below")
+    lines += _defaults_lines(model, defaults)
+    lines += commented_defaults()
     lines += _rules(ladder)
     return Starter("\n".join(lines) + "\n", tuple(decide))
+
+
+def _defaults_lines(model: str, defaults: Sampling) -> list[str]:
+    """What the model samples at when a request sets none: rules and slices read such a
+    request as this, and the reason header says it was assumed."""
+    lines = [
+        f"defaults:  # what {model} samples at when a request sets none (vLLM applies",
+        "  # the model's generation_config.json); rules read such a request as this",
+    ]
+    mark = "  # DECIDE" if defaults.decide else ""
+    wrapped = textwrap.wrap(defaults.source, 80, break_long_words=False, break_on_hyphens=False)
+    lines += [f"  # from {line}" for line in wrapped]
+    lines.append(f"  temperature: {defaults.temperature:g}{mark}")
+    if defaults.top_p is not None:
+        lines.append(f"  top_p: {defaults.top_p:g}")
+    return lines
+
+
+def commented_defaults() -> list[str]:
+    """The ``slices`` and ``guardrail`` keys at their defaults, commented: the bands the
+    ``x-speclane-slice`` header shows and the guardrail's settings, to find and change."""
+    lines = ["# slices:  # the bands x-speclane-slice shows (defaults; uncomment to change)"]
+    lines += [f"#   {key}: {_yaml(value)}" for key, value in Bands().model_dump().items()]
+    lines.append("# guardrail:  # when a slice moves off speculation and back (defaults)")
+    lines += [
+        f"#   {key}: {_yaml(value)}" for key, value in Guardrail().model_dump(mode="json").items()
+    ]
+    return lines
+
+
+def _yaml(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _summary(found: Found) -> str:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from policies.compiled import CompiledPolicy
 from policies.flags import FlagValue, merged
+from policies.model import KILL_SWITCH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +66,23 @@ class FlagStore:
         self.audit.append(entry)
         self._rebuild()
         return entry
+
+    def known(self) -> dict[str, tuple[FlagValue, str]]:
+        """Every flag that means something, by name: the kill switch, the policy's, those its
+        rules name and those ops set; each with its value and where that comes from
+        (``ops``, ``policy``, or ``implicit``: on, as nothing declares it)."""
+        policy = self._policy
+        declared = policy.file.flags
+        used = {rule.rule.flag for rule in policy.rules if rule.rule.flag}
+        names = sorted({KILL_SWITCH, *declared, *self.overrides, *used})
+        values = self.values
+        return {
+            name: (
+                values.get(name, FlagValue()),
+                "ops" if name in self.overrides else "policy" if name in declared else "implicit",
+            )
+            for name in names
+        }
 
     def note(self, entry: AuditEntry) -> None:
         """A change that is not a flag's (a policy applied) joins the audit log."""

@@ -4,7 +4,8 @@
 the one it started with even if a reload lands while it streams. A file that fails to load
 is logged with every lint error (file:line:column), counted in a metric, and ignored.
 ``text`` and ``version`` (a hash of the text) are what is running; ``last_reload`` is the
-result of the last attempt, good or bad, for the admin API.
+result of the last attempt, good or bad, for the admin API. A policy whose pool names an
+engine the gateway has no module for (``gateway/engines/``) does not load either.
 
 Reading and compiling run in a worker thread, one reload at a time, and take at most
 ``MAX_BYTES`` of the file: whatever the file holds, the event loop keeps serving, and a
@@ -23,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.engines import ENGINES, Registry
 from policies.compiled import CompiledPolicy, load_policy
 from policies.load import MAX_BYTES
-from policies.problems import PolicyError
+from policies.problems import PolicyError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +83,22 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
-def load_policy_file(path: Path) -> tuple[CompiledPolicy, str]:
+def load_policy_file(path: Path, engines: Registry = ENGINES) -> tuple[CompiledPolicy, str]:
     """The compiled policy in ``path`` and its text; ``PolicyError`` or ``OSError``."""
     data = read_policy_file(path)
     policy = load_policy(data, str(path))
+    unknown = [
+        Problem(
+            ("pools", name, "engine"),
+            f"engine {pool.engine.value} is not one this gateway has",
+            f"give one of {', '.join(engines.names)}",
+            code="engine-unregistered",
+        )
+        for name, pool in policy.pools.items()
+        if pool.engine.value not in engines.names
+    ]
+    if unknown:
+        raise PolicyError(str(path), unknown)
     return policy, data.decode("utf-8-sig")  # it loaded, so it decodes
 
 
@@ -97,8 +111,10 @@ class PolicyHolder:
         policy: CompiledPolicy,
         on_change: Callable[[CompiledPolicy], None] | None = None,
         text: str | None = None,
+        engines: Registry = ENGINES,
     ) -> None:
         self.path = path
+        self.engines = engines
         self.current = policy
         self.text = text
         self.version = version_of(text) if text is not None else None
@@ -110,10 +126,11 @@ class PolicyHolder:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_file(cls, path: Path) -> PolicyHolder:
-        """Load the initial policy; a bad file raises ``PolicyError`` (nothing to fall back on)."""
-        policy, text = load_policy_file(path)
-        return cls(path, policy, text=text)
+    def from_file(cls, path: Path, engines: Registry = ENGINES) -> PolicyHolder:
+        """Load the initial policy; a bad file raises ``PolicyError`` (nothing to fall back on).
+        ``engines``: those a pool may name."""
+        policy, text = load_policy_file(path, engines)
+        return cls(path, policy, text=text, engines=engines)
 
     def get(self) -> CompiledPolicy:
         """The current policy: what those that read it each time they need it are given."""
@@ -137,17 +154,18 @@ class PolicyHolder:
             return ReloadResult(False, ("the policy was not loaded from a file",))
         self._stamp = _stamp(self.path)
         try:
-            policy, text = await asyncio.to_thread(load_policy_file, self.path)
+            policy, text = await asyncio.to_thread(load_policy_file, self.path, self.engines)
         except PolicyError as exc:
             return self._rejected(tuple(p.render(exc.filename) for p in exc.problems))
         except OSError as exc:
             return self._rejected((f"{self.path}: cannot read: {exc.strerror or exc}",))
         self.last_error = ()
+        before = self.version
         self.current = policy
         self.text, self.version = text, version_of(text)
         if self._on_change is not None:
             self._on_change(policy)
-        log.info("policy reloaded from %s", self.path)
+        log.info("%s", reloaded_line(self.path, before, self.version, policy))
         return ReloadResult(True)
 
     def _rejected(self, errors: tuple[str, ...]) -> ReloadResult:
@@ -155,6 +173,19 @@ class PolicyHolder:
         for line in errors:
             log.error("policy reload rejected, keeping the running policy: %s", line)
         return ReloadResult(False, errors)
+
+
+def reloaded_line(
+    path: Path, before: str | None, version: str | None, policy: CompiledPolicy
+) -> str:
+    """What the log says of a reload: the file, the version it replaced and its own, and the
+    rules now in force, in order."""
+    rules = ", ".join(rule.name for rule in policy.rules)
+    count = len(policy.rules)
+    return (
+        f"policy reloaded from {path}: version {before} -> {version}; "
+        f"{count} rule{'s' if count != 1 else ''} ({rules})"
+    )
 
 
 def _stamp(path: Path) -> tuple[float, int] | None:

@@ -17,7 +17,8 @@ change, does in order:
    is still the one the proposal started from (compare-and-set), logs the event once and
    publishes it. The losers of a race adopt the winner's state on the next pull. So two
    replicas cannot both move a slice, and they disagree at most until their next pull (one
-   interval, or a pub/sub round trip).
+   interval, or a pub/sub round trip). Splits of slices by application (``split:<slice>``)
+   are agreed the same way, on their own version.
 4. Push window increments (``HINCRBY`` per bucket field, one pipeline) and pull the merged
    windows, flags and states.
 
@@ -52,6 +53,7 @@ from gateway.state.redisclient import connect
 from policies.compiled import CompiledPolicy
 from policies.flags import FlagValue
 from policies.guardrail import Phase, SliceState, Transition
+from policies.splitting import Split, split_json, split_of
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +76,14 @@ _FIELDS = (
 )
 _FLOATS = {"tpot_sum", "rate_sum", "rate_sq"}
 
-# Compare-and-set of one slice's guardrail state; logs the event and publishes it once.
+# Compare-and-set of one slice's guardrail state (or split): placed when the stored version is
+# the one the proposal started from, or when none is stored (a child split from its parent
+# starts at its parent's version; an expired state); logs the event and publishes it once.
 _CAS = """
 local current = redis.call('GET', KEYS[1])
-local version = 0
-if current then version = tonumber(cjson.decode(current)['version']) end
-if version ~= tonumber(ARGV[1]) then return current or '' end
+if current and tonumber(cjson.decode(current)['version']) ~= tonumber(ARGV[1]) then
+  return current
+end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
 redis.call('LPUSH', KEYS[3], ARGV[6])
@@ -115,6 +119,14 @@ def _state_from(raw: bytes | str) -> tuple[str, str, SliceState]:
         float(d.get("probe_share", 0.0)),
     )
     return str(d["model"]), str(d["rule"]), state
+
+
+def _split_json(split: Split) -> bytes:
+    return orjson.dumps(split_json(split))
+
+
+def _split_from(raw: bytes | str) -> Split:
+    return split_of(orjson.loads(raw))
 
 
 def _event_json(t: Transition) -> bytes:
@@ -284,6 +296,7 @@ class RedisState:
             await self._reseed_if_empty()
             await self._push_flags()
             await self._commit_proposals()
+            await self._commit_splits()
             await self._push_increments(increments)
             await self._pull()
         except (RedisError, OSError) as exc:
@@ -321,6 +334,10 @@ class RedisState:
                 ex=int(self._guard_ttl_s),
             )
             pipe.zadd(self._key("guards"), {kept.slice: now})
+        for split in self._replica.splits():
+            raw = _split_json(split)
+            pipe.set(self._key("split", split.parent), raw, nx=True, ex=int(self._guard_ttl_s))
+            pipe.zadd(self._key("splits"), {split.parent: now})
         self._audit.reseed(pipe)
         await pipe.execute()
 
@@ -348,6 +365,37 @@ class RedisState:
                 self._replica.adopt(key, remote_model, remote_rule, state, self._wall())
             else:
                 self._replica.abandon(key)
+
+    async def _commit_splits(self) -> None:
+        for parent, split in self._replica.take_split_proposals().items():
+            event = {"slice": parent, "at": split.since, "reason": split.why}
+            result = await self._cas(
+                keys=[self._key("split", parent), self._key("splits"), self._key("split-events")],
+                args=[
+                    split.version - 1,
+                    _split_json(split),
+                    int(self._guard_ttl_s),
+                    self._wall(),
+                    parent,
+                    orjson.dumps(event),
+                    self.channel,
+                ],
+            )
+            if result == b"ok":
+                self._replica.apply_split(split, self._wall())
+            elif result:
+                self._replica.adopt_split(_split_from(result), self._wall())
+
+    async def _pull_splits(self, now: float) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(self._key("splits"), "-inf", now - self._guard_ttl_s)
+        pipe.zrange(self._key("splits"), 0, -1)
+        _, parents = await pipe.execute()
+        if parents:
+            raw = await self._redis.mget([self._key("split", p.decode()) for p in parents])
+            for value in raw:
+                if value:
+                    self._replica.adopt_split(_split_from(value), now)
 
     async def _push_increments(self, increments: list[Increment]) -> None:
         if not increments:
@@ -382,6 +430,7 @@ class RedisState:
                 if value:
                     model, rule, state = _state_from(value)
                     self._replica.adopt(key.decode(), model, rule, state, now)
+        await self._pull_splits(now)
         await self._audit.refresh(self._redis)
         await self._pull_windows(policy, now)
 

@@ -150,3 +150,41 @@ def test_uniform_partial_failure_ejects_nobody_by_share_or_rate():
         most = max(most, sum(h.ejected(now) for h in hosts))
     assert most <= 3
     assert all(h.reason in ("", "5 failures in a row") for h in hosts)
+
+
+def test_one_body_failing_again_and_again_never_counts():
+    """A failure the request may have caused: the same body failing on an endpoint is that
+    body's, however often it comes."""
+    d, hosts = Detector(RULES), group(2)
+    counted = [d.suspect(hosts[0], hosts, 0.1 * i, body=7) for i in range(12)]
+    assert counted == [False] * 12
+    assert hosts[0].consecutive == 0 and not hosts[0].ejected(2.0)
+
+
+def test_different_bodies_failing_in_a_row_count_and_a_success_forgives():
+    d, hosts = Detector(RULES), group(2)
+    assert not d.suspect(hosts[0], hosts, 0.0, body=1)
+    d.success(hosts[0], 0.1)  # others are served in between: nothing against it
+    assert not d.suspect(hosts[0], hosts, 0.2, body=2)
+    assert d.suspect(hosts[0], hosts, 0.3, body=3)  # another body failed too, back to back
+    assert d.suspect(hosts[0], hosts, 0.4, body=3)  # failing already: it counts
+    assert d.suspect(hosts[0], hosts, 0.5, body=4)
+    assert hosts[0].ejected(0.6)
+
+
+def test_a_suspect_after_a_plain_failure_counts():
+    d, hosts = Detector(RULES), group(2)
+    d.failure(hosts[0], hosts, 0.0)  # a reset connection, say
+    assert d.suspect(hosts[0], hosts, 0.1, body=1)
+    assert hosts[0].consecutive == 2
+
+
+def test_a_body_every_endpoint_fails_is_the_requests_own_while_they_serve_others():
+    d, hosts = Detector(RULES), group(3)
+    assert not d.own(hosts, 0.0)  # none has served anything: maybe all are broken
+    d.success(hosts[0], 1.0)
+    assert d.own(hosts, 2.0)
+    assert d.own(hosts[:2], 2.0)
+    assert not d.own(hosts[:1], 2.0)  # one endpoint alone tells nothing
+    assert not d.own([hosts[0], hosts[0]], 2.0)
+    assert not d.own(hosts, 1.0 + RULES.interval_s)  # served, but not lately

@@ -1,6 +1,6 @@
 """Every benchmark script in ``bench/`` starts: ``--help`` runs its imports and its argument
 parser, so a script broken by a change elsewhere fails here and not on the day someone
-needs its numbers."""
+needs its numbers; and every option ``bench/RESULTS.md`` gives it is still one it takes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.results_commands import options_by_script
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN_VENV = {"tokens.py"}  # runs in a venv of its own, with a tokenizer (its docstring)
@@ -35,3 +37,7 @@ def test_the_script_answers_help(script: Path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+    source = script.read_text(encoding="utf-8")  # an option argparse.SUPPRESS hides is there
+    cited = options_by_script().get(script, set())
+    missing = [o for o in sorted(cited) if o not in done.stdout and f'"{o}"' not in source]
+    assert not missing, f"bench/RESULTS.md gives {script.name} {missing}: not its options"

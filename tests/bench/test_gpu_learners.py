@@ -1,5 +1,5 @@
 """``bench/gpu/learners.py``: the guardrail's step-time learners against the measured H200
-table, printed as the two Markdown tables ``bench/RESULTS.md`` quotes."""
+table, printed as Markdown tables (``bench/RESULTS.md`` quotes the first)."""
 
 from __future__ import annotations
 

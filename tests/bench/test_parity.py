@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
@@ -38,6 +40,8 @@ def test_moves_leave_out_probing_and_the_verdict_holds_both_bounds():
     assert never.problems == (f"{CHAT}: move 1 only in replay", "adaptive / oracle 0.070 apart")
 
 
+@pytest.mark.long(100)
+@pytest.mark.timeout(600)  # its replay is CPU-bound: slower beside the rest of the suite
 def test_a_short_surge_decides_alike_in_replay_and_live():
     command = [
         sys.executable,
@@ -48,6 +52,8 @@ def test_a_short_surge_decides_alike_in_replay_and_live():
         "scenarios/parity-short.yaml",
         "--time-scale",
         "0.25",
+        "--cost-model",  # the scenario's surge crosses the affine model's break-even
+        "affine",
     ]
     done = subprocess.run(command, cwd=BENCH, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

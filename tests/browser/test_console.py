@@ -5,6 +5,7 @@ its line, explain and apply a draft, and use it all on a phone-sized screen."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -242,6 +243,15 @@ async def test_a_broken_draft_shows_its_error_at_its_line_and_a_good_one_applies
         await page.fill("#draft", code_to_standard)
         await page.click("#lint")
         await expect(page.locator("#problems li.summary")).to_have_text("No problems.")
+        # the form offers every API, each with a body of its own for the model served
+        for endpoint, field in (("messages", '"max_tokens":256'), ("responses", '"input"')):
+            await page.select_option("#sample-endpoint", endpoint)
+            await expect(page.locator("#sample")).to_have_value(re.compile(field))
+            assert '"model":"qwen3-32b"' in await page.input_value("#sample")
+            await page.click("#explain")
+            features = page.locator("[data-side=running] details").nth(1)
+            await expect(features).to_contain_text(f"/v1/{endpoint}")
+        await page.select_option("#sample-endpoint", "chat")
         await page.fill(
             "#sample",
             '{"model": "qwen3-32b", "messages": [{"role": "user", "content": "def f():"}]}',

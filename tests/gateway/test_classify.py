@@ -6,9 +6,10 @@ import orjson
 import pytest
 
 from gateway import tokens
+from gateway.apis import named
 from gateway.classify import Defaults, classify
 from gateway.identity import caller_from, key_hash
-from gateway.schema import parse
+from gateway.schema import ChatRequest, parse
 from policies.features import ResponseFormat
 
 DEFAULTS = Defaults(temperature=1.0, top_p=1.0)
@@ -16,7 +17,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 
 
 def features(body: dict, headers: dict | None = None, kind="chat", path="/v1/chat/completions"):
-    request, _ = parse(orjson.dumps(body), kind)
+    request, _ = parse(orjson.dumps(body), named(kind).model)
     return classify(request, path, headers or {}, "req-1", DEFAULTS)
 
 
@@ -84,7 +85,7 @@ def test_a_user_cannot_pick_a_tenant_or_a_rollout_arm():
     acme = caller_from({"authorization": "Bearer sk-acme"}, None, KEYS)
     beta = caller_from({"authorization": "Bearer sk-beta"}, None, KEYS)
     for user in ["acme", "beta", "anonymous", "acme/x", None]:
-        request, _ = parse(orjson.dumps(chat(user=user)), "chat")
+        request, _ = parse(orjson.dumps(chat(user=user)), ChatRequest)
         in_acme = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, acme)
         in_beta = classify(request, "/v1/chat/completions", {}, "r", DEFAULTS, beta)
         assert (in_acme.tenant, in_acme.routing_key) == ("acme", "acme")
@@ -128,12 +129,26 @@ def test_prompt_tokens_count_the_text_of_every_message(content):
     [([1, 2, 3, 4], 4), ([[1, 2], [1, 2, 3, 4, 5]], 5)],
 )
 def test_completions_token_prompts_count_exactly(prompt, tokens):
-    got = features({"model": "m", "prompt": prompt}, kind="completion", path="/v1/completions")
+    got = features({"model": "m", "prompt": prompt}, kind="completions", path="/v1/completions")
     assert got.prompt_tokens == tokens and got.endpoint == "/v1/completions"
 
 
 def test_completions_text_prompts():
-    one = features({"model": "m", "prompt": "abcd" * 100}, kind="completion")
-    many = features({"model": "m", "prompt": ["abcd" * 100, "ab"]}, kind="completion")
+    one = features({"model": "m", "prompt": "abcd" * 100}, kind="completions")
+    many = features({"model": "m", "prompt": ["abcd" * 100, "ab"]}, kind="completions")
     assert one.prompt_tokens == tokens.estimate(["abcd" * 100])
     assert many.prompt_tokens == tokens.estimate(["abcd" * 100, "ab"])
+
+
+def test_left_out_sampling_fields_are_the_policys_defaults_and_marked() -> None:
+    from policies.model import RequestDefaults
+
+    defaults = DEFAULTS.under(RequestDefaults(temperature=0.6))
+    request, _ = parse(orjson.dumps(chat()), ChatRequest)
+    left_out = classify(request, "/v1/chat/completions", {}, "r", defaults)
+    assert (left_out.temperature, left_out.top_p) == (0.6, 1.0)
+    assert left_out.defaulted == ("temperature", "top_p")
+    request, _ = parse(orjson.dumps(chat(temperature=1.2)), ChatRequest)
+    given = classify(request, "/v1/chat/completions", {}, "r", defaults)
+    assert (given.temperature, given.defaulted) == (1.2, ("top_p",))
+    assert DEFAULTS.under(RequestDefaults()) is DEFAULTS

@@ -7,9 +7,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway.apis import named
 from gateway.classify import Defaults, classify
 from gateway.errors import ApiError
-from gateway.schema import Kind, parse
+from gateway.schema import parse
 from policies.features import Features, ResponseFormat
 from policies.slices import Slicer
 
@@ -22,8 +23,8 @@ PATHS = {
 }
 
 
-def features(body: dict, kind: Kind) -> Features:
-    request, _ = parse(orjson.dumps(body), kind)
+def features(body: dict, kind: str) -> Features:
+    request, _ = parse(orjson.dumps(body), named(kind).model)
     return classify(request, PATHS[kind], {}, "req-1", DEFAULTS)
 
 
@@ -148,5 +149,5 @@ def test_a_longer_conversation_is_a_longer_context():
 )
 def test_bad_input_names_the_field(body, kind, param):
     with pytest.raises(ApiError) as refused:
-        parse(orjson.dumps(body), kind)
+        parse(orjson.dumps(body), named(kind).model)
     assert refused.value.status == 400 and refused.value.param == param

@@ -10,8 +10,15 @@ import orjson
 import pytest
 
 import gateway.errors
-from backends.errors import StreamBroken, Unavailable, UpstreamTimeout
-from gateway.errors import ApiError, UpstreamErrorEvent, broke, from_backend
+from backends.errors import (
+    ANTHROPIC_TYPES,
+    StreamBroken,
+    Unavailable,
+    UpstreamTimeout,
+    anthropic_type,
+)
+from gateway.errors import ApiError, UpstreamErrorEvent, anthropic_rejected, broke, from_backend
+from gateway.measure.messages import failure
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -57,16 +64,19 @@ def _codes_raised() -> set[str]:
     codes = set()
     for path in (ROOT / "gateway").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Call):
-                continue
+            if not isinstance(node, ast.Call) or _called(node) == "Problem":
+                continue  # a lint finding's code names its kind, not an answer's
             for keyword in node.keywords:
                 if keyword.arg == "code" and isinstance(keyword.value, ast.Constant):
                     codes.add(keyword.value.value)
-            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
-            at = _CODE_AT.get(name)
+            at = _CODE_AT.get(_called(node))
             if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant):
                 codes.add(node.args[at].value)
     return codes - {None}
+
+
+def _called(node: ast.Call) -> str:
+    return str(getattr(node.func, "id", getattr(node.func, "attr", "")))
 
 
 def test_the_docstring_draws_every_code_the_gateway_answers_with():
@@ -93,3 +103,28 @@ def test_a_failed_stream_ends_with_its_apis_own_error_event():
         "param": None,
         "sequence_number": 7,
     }
+
+
+def test_anthropics_error_types_are_one_table_read_both_ways():
+    """The gateway's answers and a Messages stream's error events read the same table: every
+    type the gateway answers with maps back to its status (``overloaded_error`` and
+    ``timeout_error`` were missing on the way back)."""
+    for status, kind in ANTHROPIC_TYPES.items():
+        assert ApiError(status=status, message="m").body("anthropic")["error"] == {
+            "type": kind,
+            "message": "m",
+        }
+        assert failure({"type": kind, "message": "m"}) == ("upstream error: m", status)
+    assert anthropic_type(422) == "invalid_request_error" and anthropic_type(502) == "api_error"
+
+
+def test_an_upstream_4xx_on_anthropics_routes_takes_anthropics_shape():
+    vllm = {"error": {"message": "1 validation error", "type": "Bad Request", "code": 400}}
+    translated = {"type": "error", "error": {"type": "NotFoundError", "message": "no model"}}
+    cases = [(400, vllm, "invalid_request_error"), (404, translated, "not_found_error")]
+    for status, body, kind in cases:
+        answer = orjson.loads(anthropic_rejected(status, orjson.dumps(body)))
+        message = body["error"]["message"]
+        assert answer == {"type": "error", "error": {"type": kind, "message": message}}
+    text = orjson.loads(anthropic_rejected(413, b"too big"))
+    assert text["error"] == {"type": "request_too_large", "message": "too big"}

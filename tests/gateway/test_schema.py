@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway.apis import named
 from gateway.errors import ApiError
-from gateway.schema import parse
+from gateway.schema import ChatRequest, CompletionRequest, parse
 
 
 def test_unknown_fields_pass_through_untouched():
@@ -19,7 +20,7 @@ def test_unknown_fields_pass_through_untouched():
         "guided_json": {"type": "object"},
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    _, payload = parse(orjson.dumps(body), "chat")
+    _, payload = parse(orjson.dumps(body), ChatRequest)
     assert payload == body
 
 
@@ -42,14 +43,14 @@ def test_unknown_fields_pass_through_untouched():
 )
 def test_bad_chat_bodies_name_the_field(body, param, message):
     with pytest.raises(ApiError) as error:
-        parse(body, "chat")
+        parse(body, ChatRequest)
     assert error.value.status == 400 and error.value.param == param
     assert message in error.value.message
 
 
 def test_completions_need_a_prompt():
     with pytest.raises(ApiError) as error:
-        parse(b'{"model": "m"}', "completion")
+        parse(b'{"model": "m"}', CompletionRequest)
     assert error.value.param == "prompt"
 
 
@@ -64,7 +65,7 @@ def nested(levels: int) -> bytes:
 @pytest.mark.parametrize("levels", [129, 254, 300, 1023, 1100, 100_000])
 def test_one_depth_limit_for_every_depth_past_it(levels):
     with pytest.raises(ApiError) as refused:
-        parse(nested(levels), "chat")
+        parse(nested(levels), ChatRequest)
     assert refused.value.status == 400
     assert "nested deeper than 128" in refused.value.message or "not valid JSON" in (
         refused.value.message
@@ -72,7 +73,7 @@ def test_one_depth_limit_for_every_depth_past_it(levels):
 
 
 def test_the_deepest_body_accepted_can_be_written_out_again():
-    _, payload = parse(nested(128), "chat")
+    _, payload = parse(nested(128), ChatRequest)
     assert orjson.loads(orjson.dumps(payload)) == payload
 
 
@@ -84,5 +85,5 @@ def test_a_stream_read_from_another_type_is_forwarded_as_the_boolean_read(kind, 
     body = {"model": "m", "stream": sent, "max_tokens": 4}
     turn = {"role": "user", "content": "x"}
     body |= {"input": "x"} if kind == "responses" else {"messages": [turn]}
-    parsed, payload = parse(orjson.dumps(body), kind)
+    parsed, payload = parse(orjson.dumps(body), named(kind).model)
     assert parsed.stream is read and payload["stream"] is read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.apis import APIS
 from gateway.forward.shadow import short_probe
 from gateway.server.app import scaled
 from gateway.settings import Settings
@@ -33,4 +34,5 @@ def test_a_scaled_clock_runs_faster_and_replicas_agree_on_it():
     ],
 )
 def test_a_short_probe_asks_for_few_tokens_whichever_way_its_api_names_them(payload, path, capped):
-    assert short_probe({"model": "m", **payload}, path, 16) == {"model": "m", **capped}
+    limit = APIS.named(path).limit
+    assert short_probe({"model": "m", **payload}, limit, 16) == {"model": "m", **capped}

@@ -97,7 +97,9 @@ async def test_kill_switch_sends_everything_to_standard_and_is_audited(tmp_path)
         )
         assert off.status_code == 200
         assert await served_by(c, url, CHAT) == "standard"
-        reset = await c.delete(url + "/admin/flags/speculation", headers=AUTH)
+        reset = await c.delete(
+            url + "/admin/flags/speculation", params={"reason": "over"}, headers=AUTH
+        )
         assert reset.status_code == 200
         assert await served_by(c, url, CHAT) == "spec"
         audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
@@ -121,12 +123,14 @@ async def test_rule_flag_rollout_and_tenants(tmp_path):
         ),
         httpx.AsyncClient() as c,
     ):
-        await c.put(url + "/admin/flags/spec-json", json={"enabled": False}, headers=AUTH)
+        await c.put(
+            url + "/admin/flags/spec-json", json={"enabled": False, "reason": "test"}, headers=AUTH
+        )
         assert await served_by(c, url, json_chat) == "standard"
         assert await served_by(c, url, CHAT) == "spec"  # other rules keep speculating
         await c.put(
             url + "/admin/flags/spec-json",
-            json={"enabled": True, "tenants": {"deny": ["acme"]}},
+            json={"enabled": True, "tenants": {"deny": ["acme"]}, "reason": "test"},
             headers=AUTH,
         )
         assert await served_by(c, url, json_chat, authorization="Bearer sk-acme") == "standard"
@@ -136,7 +140,7 @@ async def test_rule_flag_rollout_and_tenants(tmp_path):
         assert await served_by(c, url, json_chat) == "standard"
         await c.put(
             url + "/admin/flags/spec-json",
-            json={"rollout": 50, "tenants": {"deny": []}},
+            json={"rollout": 50, "tenants": {"deny": []}, "reason": "test"},
             headers=AUTH,
         )
         pools = {
@@ -246,7 +250,8 @@ async def test_piped_flags_have_a_header_and_the_table_s_columns(tmp_path, capsy
     async with fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _):
         common = ["flags", "--gateway", url, "--token", TOKEN]
         await asyncio.to_thread(
-            main, [*common, "set", "spec-json", "--rollout", "25", "--deny", "t1"]
+            main,
+            [*common, "set", "spec-json", "--rollout", "25", "--deny", "t1", "--reason", "pilot"],
         )
         capsys.readouterr()
         assert await asyncio.to_thread(main, [*common, "list"]) == 0
@@ -258,7 +263,7 @@ async def test_piped_flags_have_a_header_and_the_table_s_columns(tmp_path, capsy
     columns = ["flag", "enabled", "rollout", "tenants", "source", "rules"]
     assert piped[0].split("\t") == columns
     assert sorted(line.split("\t") for line in piped[1:]) == [
-        ["spec-json", "on", "25%", "deny t1", "ops", "json"],
+        ["spec-json", "on", "25% of tenants", "deny t1", "ops", "json"],
         ["speculation", "on", "-", "all", "implicit", "-"],
     ]
     head = re.sub(r"\x1b\[[0-9;]*m", "", next(line for line in table if "flag" in line))
@@ -272,10 +277,16 @@ async def test_a_misspelt_flag_is_refused_with_a_suggestion(tmp_path, capsys):
         httpx.AsyncClient() as c,
     ):
         common = ["flags", "--gateway", url, "--token", TOKEN]
-        typo = await asyncio.to_thread(main, [*common, "set", "speculaton", "--off"])
+        typo = await asyncio.to_thread(
+            main, [*common, "set", "speculaton", "--off", "--reason", "x"]
+        )
         assert await served_by(c, url, CHAT) == "spec"  # nothing changed
-        created = await asyncio.to_thread(main, [*common, "set", "brand-new", "--create"])
-        again = await asyncio.to_thread(main, [*common, "set", "brand-new", "--off"])
+        created = await asyncio.to_thread(
+            main, [*common, "set", "brand-new", "--create", "--reason", "x"]
+        )
+        again = await asyncio.to_thread(
+            main, [*common, "set", "brand-new", "--off", "--reason", "x"]
+        )
         audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
     err = capsys.readouterr().err
     assert typo == 1 and "Did you mean 'speculation'?" in err
@@ -288,3 +299,98 @@ async def test_flags_cli_without_a_token_says_so(capsys, monkeypatch):
     code = await asyncio.to_thread(main, ["flags", "--gateway", "http://127.0.0.1:9", "list"])
     assert code == 1
     assert "no admin token: pass --token or set SPECLANE_ADMIN_TOKEN" in capsys.readouterr().err
+
+
+KEYLESS = POLICY.split("tenants:")[0]  # no tenant: every request is anonymous
+
+
+async def test_a_keyless_gateway_refuses_a_partial_rollout_and_every_change_needs_a_reason(
+    tmp_path,
+):
+    """A rollout draws tenants (a hash of the tenant), and a request without a known key is
+    in no partial rollout: where no request can have a tenant, 50% would be 0%, so it is
+    refused with how to fix it; a change without a reason is refused, as the console does."""
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), KEYLESS, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        flag = url + "/admin/flags/speculation"
+        half = await c.put(flag, json={"rollout": 50, "reason": "pilot"}, headers=AUTH)
+        silent = await c.put(flag, json={"enabled": False, "reason": "  "}, headers=AUTH)
+        unsaid = await c.delete(flag, headers=AUTH)
+        full = await c.put(flag, json={"rollout": 100, "reason": "all"}, headers=AUTH)
+        assert await served_by(c, url, CHAT) == "spec"
+    assert half.status_code == 400 and half.json()["error"]["param"] == "rollout"
+    assert "a rollout draws from tenants, and this gateway knows none" in half.text
+    assert "api_keys" in half.text
+    assert silent.status_code == unsaid.status_code == 400
+    assert silent.json()["error"]["param"] == "reason"
+    assert full.status_code == 200
+
+
+async def test_a_request_outside_a_rollout_is_not_told_kill_switch(tmp_path, capsys):
+    fake = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        common = ["flags", "--gateway", url, "--token", TOKEN]
+        args = [*common, "set", "speculation", "--rollout", "50", "--reason", "pilot"]
+        assert await asyncio.to_thread(main, args) == 0
+        anonymous = await c.post(url + "/v1/chat/completions", json=CHAT)
+        no_reason = await asyncio.to_thread(_exit_code, [*common, "set", "speculation", "--off"])
+        blank = await asyncio.to_thread(
+            _exit_code, [*common, "set", "speculation", "--off", "--reason", " "]
+        )
+    reason = anonymous.headers["x-speclane-reason"]
+    assert "kill switch" not in reason
+    assert reason.startswith(
+        "flag speculation: outside its 50% rollout of tenants; a request without a known API "
+        "key is in no partial rollout; temperature 1 assumed"
+    )
+    out = capsys.readouterr()
+    assert "50% of tenants" in out.out
+    assert no_reason == blank == 2 and "say why, for the audit log" in out.err
+
+
+def _exit_code(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    return int(stopped.value.code or 0)
+
+
+async def test_explain_says_offline_flags_are_the_files_and_reads_live_ones_with_gateway(
+    tmp_path, capsys, monkeypatch
+):
+    """Offline, explain cannot know the kill switch ops set: it says so, and ``--gateway``
+    reads the live flags (here found through SPECLANE_GATEWAY, as ``flags list`` does)."""
+    fake = FakeUpstream()
+    async with fake_stack(tmp_path, fake.app(), fake.app(), POLICY, admin_token=TOKEN) as (
+        url,
+        services,
+    ):
+        assert services.policy.path is not None
+        policy = str(services.policy.path)
+        off = ["flags", "--token", TOKEN, "set", "speculation", "--off", "--reason", "incident"]
+        monkeypatch.setenv("SPECLANE_GATEWAY", url)
+        assert await asyncio.to_thread(main, off) == 0
+        capsys.readouterr()
+        why = ["policy", "explain", policy, "--features", "temperature=0.2"]
+        assert await asyncio.to_thread(main, why) == 0
+        offline = capsys.readouterr().out
+        live = [*why, "--gateway", url, "--token", TOKEN]
+        assert await asyncio.to_thread(main, live) == 0
+        online = capsys.readouterr().out
+        wrong = [*why, "--gateway", url, "--token", "nope"]
+        assert await asyncio.to_thread(main, wrong) == 1
+        refused = capsys.readouterr().err
+    assert "flag speculation: on" in offline and "pool: spec" in offline
+    assert "flags from: the policy file's defaults: live flags (speclane flags) are not " in (
+        offline
+    )
+    assert "--gateway URL reads them" in offline
+    assert "flag speculation: off" in online and "pool: standard" in online
+    assert "reason: kill switch: speculation is off" in online
+    assert f"flags from: live, from {url}" in online
+    assert f"{url}: admin API: wrong token (403): pass the gateway's" in refused

@@ -23,10 +23,12 @@ from backends.errors import Unavailable
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from backends.sim.workload import Workload
+from gateway.apis.responses import API as RESPONSES_API
 from gateway.demo.agent import Conversation
 from gateway.demo.driver import send_messages
 from gateway.demo.workload import DemoRequest
 from gateway.identity import key_hash
+from policies.model import ANONYMOUS
 from tests.gateways import fake_stack, sim_policy, sim_stack
 
 pytestmark = pytest.mark.anyio
@@ -152,7 +154,10 @@ async def test_the_gateways_errors_on_messages_are_anthropics_shape(tmp_path):
             await client.messages.create(model="nope", max_tokens=5, messages=ASK)
         assert unknown.value.body == {
             "type": "error",
-            "error": {"type": "not_found_error", "message": "The model `nope` does not exist."},
+            "error": {
+                "type": "not_found_error",
+                "message": "The model `nope` does not exist. Served models: qwen3-32b.",
+            },
         }
         with pytest.raises(anthropic.BadRequestError) as refused:  # the pool's own refusal
             await client.messages.create(
@@ -161,6 +166,43 @@ async def test_the_gateways_errors_on_messages_are_anthropics_shape(tmp_path):
         assert refused.value.body["error"]["type"] == "invalid_request_error"
         chat = await c.post(stack.url + "/v1/chat/completions", json={"model": MODEL})
         assert chat.status_code == 400 and "type" not in chat.json()  # OpenAI's shape there
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 500}}, "budget_tokens"),
+    ],
+    ids=["robot", "thinking budget"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_what_the_pool_refuses_reaches_the_sdk_in_anthropics_shape(
+    tmp_path, change, says, stream
+):
+    """vLLM answers what its Messages model refuses in its OpenAI shape; speclane hands it
+    on in Anthropic's, with the type of its status and vLLM's message."""
+    request: dict[str, Any] = {"model": MODEL, "max_tokens": 2000, "messages": ASK} | change
+    async with (
+        sim_stack(tmp_path, sim_policy(), sim()) as stack,
+        claude(stack.url) as client,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        direct = await c.post(stack.spec + "/v1/messages", json=request)
+        assert direct.status_code == 400 and "type" not in direct.json()  # vLLM's shape
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            if stream:
+                async with client.messages.stream(**request) as events:
+                    await events.get_final_message()
+            else:
+                await client.messages.create(**request)
+        counted = await c.post(stack.url + "/v1/messages/count_tokens", json=request)
+    body = refused.value.body
+    assert isinstance(body, dict) and body.keys() == {"type", "error"} and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"] == direct.json()["error"]["message"] and says in str(body)
+    assert refused.value.response.headers["x-speclane-pool"] == "spec"
+    assert counted.status_code == 400 and counted.json() == body
 
 
 TENANTS = f"""
@@ -319,7 +361,12 @@ async def test_a_pinned_request_goes_to_its_endpoint_whatever_the_rungs(tmp_path
         assert opened.spec.name == "spec"
         opened.close()
         pinned = await pools.open(
-            ["spec", "standard"], "/v1/responses", body, headers, events=True, pinned=std
+            ["spec", "standard"],
+            "/v1/responses",
+            body,
+            headers,
+            opening=RESPONSES_API.opening,
+            pinned=std,
         )
         assert pinned.spec.name == "standard" and pinned.endpoint.url == std
         assert pinned.stream.first.startswith(b"event: response.created\ndata: {")
@@ -417,8 +464,8 @@ async def test_each_stored_response_is_pinned_to_the_endpoint_that_stored_it(tmp
         )
         events = [event async for event in stream]
         pins = stack.services.pins
-        assert await pins.where(whole.id) == stack.spec
-        assert await pins.where(events[0].response.id) == stack.spec
+        assert await pins.where(ANONYMOUS, whole.id) == stack.spec
+        assert await pins.where(ANONYMOUS, events[0].response.id) == stack.spec
 
 
 STEERED = """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.apis import APIS
 from gateway.server.console.routes import CSP
 from tests.fakes import FakeUpstream
 from tests.gateways import fake_stack
@@ -195,6 +197,62 @@ async def test_explain_takes_the_endpoint_as_a_short_name_or_a_path(tmp_path):
     assert "chat, /v1/chat/completions, completions" in unknown.json()["error"]["message"]
 
 
+MESSAGES_REQUEST = {
+    "model": "tiny",
+    "max_tokens": 256,
+    "messages": [{"role": "user", "content": "Extract the fields as JSON"}],
+    "temperature": 0.1,
+}
+RESPONSES_REQUEST = {
+    "model": "tiny",
+    "input": "Extract the fields as JSON",
+    "temperature": 0.1,
+    "text": {"format": {"type": "json_schema", "name": "f", "schema": {"type": "object"}}},
+}
+AGENTS = "  - name: agents\n    match: {endpoint: [messages, responses]}\n    start: standard\n"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "request_body"),
+    [("messages", MESSAGES_REQUEST), ("/v1/responses", RESPONSES_REQUEST)],
+)
+async def test_explain_takes_messages_and_responses_bodies(tmp_path, endpoint, request_body):
+    """What the console's form offers for Anthropic's Messages and OpenAI's Responses: each
+    body read as its API reads it, against the running policy and a draft."""
+    async with stack(tmp_path) as (url, services), httpx.AsyncClient() as c:
+        running_text = services.policy.text or ""
+        draft = running_text.replace("rules:\n", "rules:\n" + AGENTS, 1)
+        body = {"request": request_body, "endpoint": endpoint, "draft": draft}
+        answer = await c.post(url + "/admin/policy/explain", json=body, headers=AUTH)
+        chat_shaped = await c.post(
+            url + "/admin/policy/explain",
+            json={"request": JSON_REQUEST, "endpoint": endpoint},
+            headers=AUTH,
+        )
+    assert answer.status_code == 200, answer.text
+    running, drafted = answer.json()["running"], answer.json()["draft"]
+    path = "/v1/messages" if endpoint == "messages" else endpoint
+    assert running["features"]["endpoint"] == drafted["features"]["endpoint"] == path
+    assert (running["rule"], running["pool"]) == ("default", "spec")
+    assert (drafted["rule"], drafted["pool"]) == ("agents", "standard")
+    assert running["features"]["temperature"] == 0.1
+    if endpoint == "/v1/responses":  # text.format is the response format there
+        assert running["features"]["response_format"] == "json_schema"
+    assert chat_shaped.status_code == 400  # a chat body is not a Messages or Responses one
+    assert chat_shaped.json()["error"]["param"].startswith("request")
+
+
+async def test_the_explain_form_offers_every_api_with_a_body_of_its_own(tmp_path):
+    async with stack(tmp_path) as (url, _), httpx.AsyncClient() as c:
+        shell = (await c.get(url + "/console/")).text
+        script = (await c.get(url + "/console/static/policy.js")).text
+    menu = shell.split('<select id="sample-endpoint">', 1)[1].split("</select>", 1)[0]
+    offered = re.findall(r'<option value="([a-z]+)">', menu)
+    assert offered == [api.name for api in APIS]
+    samples = script.split("const SAMPLES = {", 1)[1].split("};", 1)[0]
+    assert [line.strip().split(":", 1)[0] for line in samples.strip().splitlines()] == offered
+
+
 async def test_apply_is_refused_unless_turned_on(tmp_path):
     async with stack(tmp_path) as (url, services), httpx.AsyncClient() as c:
         text = (services.policy.text or "") + "# a comment\n"
@@ -220,6 +278,12 @@ async def test_apply_writes_the_file_and_reloads_it(tmp_path):
             json={"text": "rules: 3", "base_version": base},
             headers=AUTH,
         )
+        unsaid = await c.post(
+            url + "/admin/policy/apply",
+            json={"text": draft, "base_version": base, "reason": "  "},
+            headers=AUTH,
+        )
+        assert path.read_text() == source["text"]  # nobody said why: nothing written
         applied = await c.post(
             url + "/admin/policy/apply",
             json={"text": draft, "base_version": base, "reason": "json to standard"},
@@ -233,6 +297,7 @@ async def test_apply_writes_the_file_and_reloads_it(tmp_path):
         served = await c.post(url + "/v1/chat/completions", json=JSON_REQUEST)
         audit = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
     assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "policy_invalid"
+    assert unsaid.status_code == 400 and unsaid.json()["error"]["param"] == "reason"
     assert applied.status_code == 200, applied.text
     assert applied.json()["applied"] and applied.json()["reloaded"]
     assert path.read_text() == draft and services.policy.text == draft

@@ -1,4 +1,4 @@
-"""``speclane demo`` end to end through the real CLI: an eight-second run at a small time scale
+"""``speclane demo`` end to end through the real CLI: a twelve-second run at a small time scale
 starts both simulated pools and the gateway, serves every workload, shows the code slice
 falling back when its acceptance collapses, writes the JSON summary, and leaves no process
 behind."""
@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 WORKLOADS = {"json", "tools", "code", "chat", "creative", "summarise"}
 
@@ -30,9 +32,10 @@ def gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.long(19)
 def test_short_demo_run(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
-    argv = ["demo", "--duration", "8", "--time-scale", "0.05", "--concurrency", "8"]
+    argv = ["demo", "--duration", "12", "--time-scale", "0.05", "--concurrency", "8"]
     done = subprocess.run(
         [sys.executable, "-m", "gateway", *argv, "--json", str(out)],
         capture_output=True,

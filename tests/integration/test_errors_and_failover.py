@@ -4,7 +4,9 @@ and cancellation reaching the upstream: against fake upstreams on real sockets."
 from __future__ import annotations
 
 import asyncio
+import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -120,6 +122,43 @@ rules: [{{name: default, start: spec}}]
     assert ready["ready"] is True  # the model can still be served by its standard pool
 
 
+async def test_sdk_clients_get_the_503_within_seconds_when_nothing_serves(tmp_path):
+    """The ``openai`` and ``anthropic`` clients sleep on ``Retry-After`` before each of their
+    two retries: with every endpoint ejected the gateway tells them a second, not the time
+    until an ejection ends (18-30 s, so 39-50 s until the client saw the 503)."""
+    text = """
+version: 1
+pools:
+  spec: {{kind: speculative, model: tiny, num_speculative_tokens: 4, endpoints: [DEAD]}}
+  standard: {{kind: standard, model: tiny, endpoints: [DEAD]}}
+ladder: [spec, standard]
+rules: [{{name: default, start: spec}}]
+""".replace("DEAD", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    unused = FakeUpstream()
+    async with (
+        fake_stack(tmp_path, unused.app(), unused.app(), text) as (url, _),
+        httpx.AsyncClient() as c,
+        openai.AsyncOpenAI(base_url=url + "/v1", api_key="k") as chat_client,
+        anthropic.AsyncAnthropic(base_url=url, api_key="k") as messages_client,
+    ):
+        for _ in range(6):  # enough failures in a row to eject every endpoint
+            await c.post(url + "/v1/chat/completions", json=CHAT)
+        assert not (await c.get(url + "/readyz")).json()["upstreams_ok"]
+        start = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as chat:
+            await chat_client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}]
+            )
+        with pytest.raises(anthropic.InternalServerError) as messages:
+            await messages_client.messages.create(
+                model="tiny", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        took = time.monotonic() - start
+    for error in (chat.value, messages.value):
+        assert error.status_code == 503 and error.response.headers["retry-after"] == "1"
+    assert took < 15, f"{took:.1f} s for two clients' three tries each"
+
+
 async def test_no_healthy_upstream_is_503_and_timeouts_are_504(tmp_path):
     down = FakeUpstream(Behaviour(status=503))
     async with fake_stack(tmp_path, down.app(), down.app()) as (url, _), httpx.AsyncClient() as c:
@@ -131,7 +170,8 @@ async def test_no_healthy_upstream_is_503_and_timeouts_are_504(tmp_path):
     assert first.status_code == 503 and first.headers["retry-after"] == "1"
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "no_healthy_upstream"
-    assert 25 <= int(response.headers["retry-after"]) <= 30  # until the first one returns
+    # every endpoint ejected, and still a second: the next request tries them all anyway
+    assert response.headers["retry-after"] == "1"
     assert len(down.received) == 12  # all ejected, and still every request tried both
     # still ready: answering 503s beats a Service with no ready pods refusing connections
     assert ready.status_code == 200 and ready.json()["upstreams_ok"] is False

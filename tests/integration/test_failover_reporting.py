@@ -169,7 +169,10 @@ async def test_a_whole_answer_that_breaks_is_served_by_another_endpoint(tmp_path
     ):
         text = sim_policy(start="standard").format(spec=spec_url, std=dead_url)
         text = text.replace(f'["{dead_url}"]', f'["{dead_url}", "{ok_url}"]')
-        async with gateway(settings(tmp_path, text)) as (url, _), httpx.AsyncClient() as c:
+        # the same request six times: by its prompt it would go to one endpoint every time;
+        # least-outstanding choice takes each endpoint in turn, the dying one included
+        spread = settings(tmp_path, text, prefix_affinity=False)
+        async with gateway(spread) as (url, _), httpx.AsyncClient() as c:
             answers = [await c.post(url + "/v1/chat/completions", json=BODY) for _ in range(6)]
             metrics = (await c.get(url + "/metrics")).text
             async with httpx.AsyncClient(base_url=dead_url) as direct:

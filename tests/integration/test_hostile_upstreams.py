@@ -6,7 +6,9 @@ misbehaving upstream is ``bench/hostile.py``, served by uvicorn beside a real si
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import tracemalloc
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+import bench.hostile as hostile_module
 from backends.sim.config import Faults, Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from bench.hostile import RETRY_AFTER_S, Hostile, serve
@@ -24,6 +27,7 @@ from tests.servers import serving
 pytestmark = pytest.mark.anyio
 
 MODEL = "qwen3-32b"
+CHAT_ROUTE = "/v1/chat/completions"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 
 
@@ -196,6 +200,50 @@ async def test_no_answer_anywhere_is_a_502(tmp_path, mode, stream):
     assert json.loads(body)["error"]["code"] == "upstream_bad_answer"
 
 
+@pytest.mark.parametrize(
+    ("whole", "stream", "route"),
+    [(True, False, CHAT_ROUTE), (False, False, CHAT_ROUTE), (False, True, CHAT_ROUTE),
+     (False, True, "/v1/messages")],
+    ids=["passed-through", "assembled", "streamed", "messages-streamed"],
+)  # fmt: skip
+async def test_an_oversized_answer_leaves_nothing_behind(tmp_path, whole, stream, route):
+    """What was read of an answer given up at ``max_response_bytes`` is freed with the
+    request, not kept by a reference cycle (an error's traceback holding the frames that
+    hold it) until a rare full collection: with the collector off, the memory Python holds
+    after three such answers is what it held before them (each read 2 x 4 MiB)."""
+    limit = 4 << 20
+    body = {**CHAT, "stream": stream, "max_tokens": 8}
+    async with (
+        hostile() as (bad, _),
+        stack(
+            tmp_path, [f"{bad}/huge"], [f"{bad}/huge"], whole=whole, max_response_bytes=limit
+        ) as (url, _),
+        httpx.AsyncClient(timeout=60) as c,
+    ):
+        assert (await c.post(url + route, json=body)).status_code == 502  # warm
+        gc.collect()
+        gc.disable()
+        tracemalloc.start(16)
+        try:
+            before = _gateways_memory()
+            for _ in range(3):
+                assert (await c.post(url + route, json=body)).status_code == 502
+            await asyncio.sleep(0.1)  # the closed connections' callbacks
+            grown = _gateways_memory() - before
+        finally:
+            tracemalloc.stop()
+            gc.enable()
+    assert grown < limit / 2, f"{grown / (1 << 20):.1f} MiB still held"
+
+
+def _gateways_memory() -> int:
+    """Bytes Python holds now, but for the hostile server's (it runs in this process)."""
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, hostile_module.__file__, all_frames=True)]
+    )
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
 async def test_an_event_over_the_bound_mid_stream_ends_it_with_an_error_event(tmp_path):
     async with (
         hostile() as (bad, _),
@@ -271,3 +319,48 @@ async def test_a_503_keeps_the_largest_retry_after_an_upstream_sent(tmp_path):
         r, body = await ask(url, stream=False)
     assert r.status_code == 503
     assert int(r.headers["retry-after"]) >= RETRY_AFTER_S
+
+
+async def relay(url: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=60) as c:
+        return await c.request(method, url + path, **kwargs)
+
+
+TOKENIZE = {"model": MODEL, "prompt": "Say hello."}
+COUNT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}]}
+
+
+async def test_an_html_page_on_a_json_route_fails_over_like_chat(tmp_path):
+    # the passthrough pool (the ladder's last rung, standard) answers HTML 200: the next
+    # rung serves, as a chat request's would be
+    async with (
+        hostile() as (bad, state),
+        stack(tmp_path, [sim(2)], [f"{bad}/html"]) as (url, _),
+    ):
+        tokenized = await relay(url, "POST", "/tokenize", json=TOKENIZE)
+        counted = await relay(url, "POST", "/v1/messages/count_tokens", json=COUNT)
+    assert state.requests["html"] == 2
+    assert tokenized.status_code == 200 and tokenized.json()["count"] > 0
+    assert tokenized.headers["x-speclane-pool"] == "spec"
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+
+
+async def test_an_html_page_on_every_endpoint_is_a_502_in_the_routes_shape(tmp_path):
+    async with (
+        hostile() as (bad, _),
+        stack(tmp_path, [f"{bad}/html"], [f"{bad}/html"]) as (url, services),
+    ):
+        tokenized = await relay(url, "POST", "/tokenize", json=TOKENIZE)
+        counted = await relay(url, "POST", "/v1/messages/count_tokens", json=COUNT)
+        card = await relay(url, "GET", f"/v1/models/{MODEL}")
+        await services.pins.remember("anonymous", "resp_1", f"{bad}/html")
+        stored = await relay(url, "GET", "/v1/responses/resp_1")
+        form = {"model": (None, MODEL), "file": ("a.wav", b"RIFF....", "audio/wav")}
+        audio = await relay(url, "POST", "/v1/audio/transcriptions", files=form)
+    for answer in (tokenized, card, stored):
+        assert answer.status_code == 502
+        assert answer.json()["error"]["code"] == "upstream_bad_answer"
+    assert counted.status_code == 502
+    assert counted.json()["type"] == "error"  # Anthropic's shape on its route
+    # audio answers text, SRT or VTT as well as JSON: passed on as it came
+    assert audio.status_code == 200 and audio.headers["content-type"].startswith("text/html")

@@ -6,6 +6,14 @@ nothing, when an endpoint does not answer, the endpoints share no model, or the 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,6 +25,7 @@ from backends.sim.server import create_app as sim_app
 from gateway.cli.main import main
 from policies.compiled import load_policy
 from policies.lint import lint
+from policies.model import Bands, Guardrail
 from tests.servers import free_port, serving
 
 pytestmark = pytest.mark.anyio
@@ -136,8 +145,156 @@ async def test_endpoints_without_a_common_model_or_an_existing_file_are_refused(
     assert capsys.readouterr().err == f"speclane init: {out} exists; --force overwrites it\n"
 
 
-async def test_a_standard_endpoint_that_speculates_is_flagged(tmp_path, capsys):
+async def test_a_standard_endpoint_that_speculates_is_refused(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
     async with serving(sim_app(SimConfig(time_scale=0.01))) as spec:
-        out = str(tmp_path / "p.yaml")
-        assert await init("--spec", spec, "--standard", spec, "--out", out) == 0
-    assert f"check: {spec} was given as standard but speculates" in capsys.readouterr().out
+        assert await init("--spec", spec, "--standard", spec, "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert f"speclane init: {spec} was given as --standard but speculates\n" in err
+    assert "give each its own role" in err and not out.exists()
+
+
+async def test_swapped_roles_are_refused_with_the_command_the_right_way_round(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    async with (
+        serving(sim_app(SimConfig(time_scale=0.01))) as spec,
+        serving(sim_app(STANDARD)) as std,
+    ):
+        assert await init("--spec", std, "--standard", spec, "--out", str(out)) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"speclane init: {std} was given as --spec but does not speculate\n"
+        f"speclane init: {spec} was given as --standard but speculates\n"
+        "speclane init: nothing written; the endpoints the way round their pages say (with "
+        f"your other options): speclane init --spec {spec} --standard {std}\n"
+    )
+    assert not out.exists() and "lints clean" not in captured.out
+
+
+HELLO = {"model": "qwen3-32b", "messages": [{"role": "user", "content": "Hello"}]}
+
+
+def explained(policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    request = tmp_path / "hello.json"
+    request.write_text(json.dumps(HELLO))
+    capsys.readouterr()
+    assert main(["policy", "explain", str(policy), str(request), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+async def test_the_models_default_temperature_is_read_from_its_generation_config(tmp_path, capsys):
+    """vLLM applies the model's generation_config.json to a request without temperature;
+    init finds the file where /v1/models' root leads, writes its temperature, and the
+    README's "Hello" (no temperature) is then read at 0.6: not creative."""
+    model = tmp_path / "Qwen3"
+    model.mkdir()
+    (model / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.95}')
+    out = tmp_path / "policy.yaml"
+    spec_sim = sim_app(SimConfig(time_scale=0.01, root=str(model)))
+    async with serving(spec_sim) as spec, serving(sim_app(STANDARD)) as std:
+        assert await init("--spec", spec, "--standard", std, "--out", str(out)) == 0
+    said = capsys.readouterr().out
+    text = out.read_text()
+    assert lint(text).problems == ()
+    assert yaml.safe_load(text)["defaults"] == {"temperature": 0.6, "top_p": 0.95}
+    assert f"# from {model / 'generation_config.json'}" in text
+    assert "decide: defaults.temperature" not in said
+    answer = explained(out, tmp_path, capsys)
+    assert answer["rule"] == "default" and answer["features"]["temperature"] == 0.6
+    assert answer["reason"].endswith(
+        "; temperature 0.6 assumed (not in the request: the served model's default)"
+    )
+
+
+async def test_without_the_file_the_temperature_is_given_or_marked_to_decide(tmp_path, capsys):
+    out = tmp_path / "policy.yaml"
+    async with (
+        serving(sim_app(SimConfig(time_scale=0.01))) as spec,
+        serving(sim_app(STANDARD)) as std,
+    ):
+        args = ["--spec", spec, "--standard", std, "--out", str(out)]
+        assert await init(*args) == 0  # stdin is not a terminal here: nobody to ask
+        unknown = out.read_text()
+        said = capsys.readouterr().out
+        assert await init(*args, "--force", "--default-temperature", "0.7") == 0
+        given = out.read_text()
+        assert await asyncio.to_thread(
+            _exits, ["init", *args, "--force", "--default-temperature", "3"]
+        )
+    assert "  temperature: 1  # DECIDE" in unknown and lint(unknown).problems == ()
+    assert "decide: defaults.temperature: the temperature qwen3-32b samples at" in said
+    assert yaml.safe_load(given)["defaults"] == {"temperature": 0.7}
+    assert "# from --default-temperature" in given
+    assert "3: a temperature is 0 to 2" in capsys.readouterr().err
+
+
+def _exits(argv: list[str]) -> bool:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    return stopped.value.code == 2
+
+
+async def test_the_default_bands_and_guardrail_are_written_commented(tmp_path):
+    """The bands the slice header shows can be found in the file: uncommented, they are the
+    defaults and lint clean."""
+    out = tmp_path / "policy.yaml"
+    async with (
+        serving(sim_app(SimConfig(time_scale=0.01))) as spec,
+        serving(sim_app(STANDARD)) as std,
+    ):
+        assert await init("--spec", spec, "--standard", std, "--out", str(out)) == 0
+    text = out.read_text()
+    assert "# slices:" in text and "#   temperature: [0.3, 0.9]" in text
+    assert "# guardrail:" in text and "#   mode: economic" in text
+    lines = text.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("# slices:")))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("#"))
+    opened = "\n".join(lines[:start] + [line[2:] for line in lines[start:end]] + lines[end:])
+    raw = yaml.safe_load(opened)
+    assert raw["slices"] == Bands().model_dump() and raw["guardrail"]["min_acceptance"] == 0.55
+    assert lint(opened).problems == ()
+    assert load_policy(opened).file.guardrail == Guardrail()
+
+
+def _answered_on_a_terminal(argv: list[str], answer: str) -> tuple[int, str]:
+    """Run ``speclane init`` with a terminal as its stdin, answering its question."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "init", *argv],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=follower,  # the question is asked on the terminal
+        text=True,
+    )
+    os.close(follower)
+    asked = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"]: " not in asked:  # the question ends with its default in brackets
+            assert time.monotonic() < deadline and process.poll() is None, asked
+            if select.select([leader], [], [], 1)[0]:
+                asked += os.read(leader, 1024)
+        os.write(leader, answer.encode() + b"\n")
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+        os.close(leader)
+    return process.returncode, asked.decode() + out
+
+
+async def test_on_a_terminal_init_asks_the_models_temperature(tmp_path):
+    out = tmp_path / "policy.yaml"
+    async with (
+        serving(sim_app(SimConfig(time_scale=0.01))) as spec,
+        serving(sim_app(STANDARD)) as std,
+    ):
+        args = ["--spec", spec, "--standard", std, "--out", str(out)]
+        code, said = await asyncio.to_thread(_answered_on_a_terminal, args, "0.7")
+    assert code == 0, said
+    assert "The model's default temperature (qwen3-32b/target)" in said
+    assert yaml.safe_load(out.read_text())["defaults"] == {"temperature": 0.7}
+    assert "# from the operator's answer to speclane init" in out.read_text()

@@ -88,3 +88,33 @@ async def test_an_endpoint_whose_metrics_page_does_not_answer_is_ejected(tmp_pat
         assert services.pools.healthy("standard")
         await services.load_scraper.scrape()
         assert not services.pools.healthy("standard")
+
+
+async def test_a_busy_engines_counters_teach_its_pools_step_time(tmp_path):
+    """Between two readings of a busy server's step histogram and running gauge, the pool's
+    step-time curve gets an observation of its own engine's mean step, with no answer of
+    this gateway's needed (four long answers sent straight to the standard server)."""
+    spec = SimConfig(mode=Mode.SPECULATIVE, k=4, time_scale=1.0)
+    async with (
+        sim_stack(tmp_path, sim_policy(), spec, scrape_interval_s=3600) as stack,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        services = stack.services
+        assert services.load_scraper is not None
+        standard = services.pools.endpoints["standard"][0].url
+        others = [
+            asyncio.create_task(client.post(standard + "/v1/chat/completions", json=LONG))
+            for _ in range(4)
+        ]
+        learned = 0.0
+        for _ in range(100):
+            await services.load_scraper.scrape()
+            fit = services.stats.steps.curves.get("standard")
+            learned = fit.weight(services.wall()) if fit is not None else 0.0
+            if learned >= 2:
+                break
+            await asyncio.sleep(0.1)
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+    assert learned >= 2

@@ -2,14 +2,15 @@
 
 A wheel of this repository (``pip wheel --no-deps``) goes into a fresh virtual environment
 with its dependencies at the pinned versions (``-c constraints.txt``, from pip's cache) and
-the ``openai`` client. Two simulators from that environment (``speclane sim``, one
-speculative, one standard) stand where the README's vLLM servers would. Then every README
-block that is not marked ``{not-run}`` runs, in order, in a shell whose ``PATH`` starts with
-that environment: ``speclane init``, ``speclane serve`` (started in the background, as the
-README says it stays in the foreground), the ``curl`` and ``openai`` requests (the routing
-headers checked), ``speclane policy lint`` and ``speclane flags list``; then the gateway is
-stopped with SIGTERM and must exit 0. The only change made to the blocks is the addresses
-(``ADDRESSES``). ``tests/test_docs.py`` checks that every other README block is marked.
+the ``openai`` client. Then every README block that is not marked ``{not-run}`` runs, in
+order, in a shell whose ``PATH`` starts with that environment: the GPU-free line that starts
+two simulators (``speclane sim``, one speculative, one standard) where the README's vLLM
+servers would be (each command before a ``&`` started in the background, as the shell
+would), ``speclane init``, ``speclane serve`` (started in the background, as the README says
+it stays in the foreground), the ``curl`` and ``openai`` requests (the routing headers
+checked), ``speclane policy lint`` and ``speclane flags list``; then the gateway is stopped
+with SIGTERM and must exit 0. The only change made to the blocks is the addresses
+(``addresses``). ``tests/test_docs.py`` checks that every other README block is marked.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from tests.servers import free_port
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 MODEL = "Qwen/Qwen3-8B"  # what the README's vLLM servers serve
-FAST = ["--time-scale", "0.02"]  # simulated time: the answers' length, not the test's pace
 FENCE = re.compile(r"^```(\S*)(.*)$")
 
 
@@ -105,6 +105,7 @@ def wait_for(url: str, process: subprocess.Popen[str], timeout_s: float = 60) ->
         time.sleep(0.1)
 
 
+@pytest.mark.long(40)
 @pytest.mark.timeout(900)
 def test_the_readme_quick_start_as_written(fresh: Path, tmp_path: Path) -> None:
     spec, std, gateway = free_port(), free_port(), free_port()
@@ -113,23 +114,17 @@ def test_the_readme_quick_start_as_written(fresh: Path, tmp_path: Path) -> None:
         "localhost:8002": f"127.0.0.1:{std}",
         "localhost:8080": f"127.0.0.1:{gateway}",
         "--port 8080": f"--port {gateway}",
+        "--port 8001": f"--port {spec}",
+        "--port 8002": f"--port {std}",
     }
     text = README.read_text()
     for written in addresses:
         assert written in text, f"the README no longer says {written}"
     env = {"PATH": f"{fresh}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    sims = [
-        subprocess.Popen(
-            [fresh / "speclane", "sim", "--port", str(port), "--model", MODEL, *FAST, *mode],
-            env=env, stderr=subprocess.DEVNULL, text=True,
-        )
-        for port, mode in ((spec, []), (std, ["--mode", "standard"]))
-    ]  # fmt: skip
+    sims: list[subprocess.Popen[str]] = []
     said: dict[str, str] = {}
     served: subprocess.Popen[str] | None = None
     try:
-        for sim, port in zip(sims, (spec, std), strict=True):
-            wait_for(f"http://127.0.0.1:{port}/v1/models", sim)
         for block in quick_start(text):
             body = block.text
             for written, ours in addresses.items():
@@ -139,6 +134,12 @@ def test_the_readme_quick_start_as_written(fresh: Path, tmp_path: Path) -> None:
                 continue
             assert block.lang == "sh", f"README line {block.line}: cannot run {block.lang!r}"
             for command in commands(Block(block.lang, False, body, block.line)):
+                if command.startswith("speclane sim"):
+                    assert command.count(f"--model {MODEL} ") == 2, command  # the vLLM's model
+                    sims += _in_background(command, tmp_path, env)
+                    for sim, port in zip(sims, (spec, std), strict=True):
+                        wait_for(f"http://127.0.0.1:{port}/v1/models", sim)
+                    continue
                 if "speclane serve" in command:
                     served = subprocess.Popen(  # bash runs one command in its own place
                         ["bash", "-c", command], cwd=tmp_path, env=env, text=True,
@@ -157,6 +158,18 @@ def test_the_readme_quick_start_as_written(fresh: Path, tmp_path: Path) -> None:
                 process.kill()
                 process.wait(timeout=30)
     _check(said, log)
+
+
+def _in_background(command: str, cwd: Path, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """Each command of ``a & b &``, started in the background as the shell would."""
+    parts = [part.strip() for part in command.split("&")]
+    assert parts[-1] == "" and all(parts[:-1]), f"not a line of background commands: {command}"
+    return [
+        subprocess.Popen(
+            ["bash", "-c", f"exec {part}"], cwd=cwd, env=env, stderr=subprocess.DEVNULL, text=True
+        )
+        for part in parts[:-1]
+    ]
 
 
 def _step(command: str) -> str:

@@ -235,7 +235,7 @@ async def test_an_unknown_model_gets_the_gateways_404_in_the_routes_shape(tmp_pa
     for answer in (openai_shaped, card):
         assert answer.status_code == 404
         assert answer.json()["error"] == {
-            "message": "The model `nope` does not exist.",
+            "message": "The model `nope` does not exist. Served models: tiny.",
             "type": "invalid_request_error",
             "param": "model",
             "code": "model_not_found",
@@ -243,7 +243,10 @@ async def test_an_unknown_model_gets_the_gateways_404_in_the_routes_shape(tmp_pa
     assert anthropic.status_code == 404
     assert anthropic.json() == {
         "type": "error",
-        "error": {"type": "not_found_error", "message": "The model `nope` does not exist."},
+        "error": {
+            "type": "not_found_error",
+            "message": "The model `nope` does not exist. Served models: tiny.",
+        },
     }
     assert unnamed.json()["served_by"] == "standard"  # one model: a request may name none
 
@@ -262,6 +265,18 @@ async def test_an_unknown_path_gets_vllms_own_answer(tmp_path, method, path, sta
         direct = await c.request(method, stack.standard + path)
     assert via.status_code == direct.status_code == status
     assert via.json() == direct.json() == {"detail": detail}
+
+
+@pytest.mark.parametrize(
+    "path", ["/tokenize/", "/v1/chat/completions/", "/v1/responses/resp_1/", "/admin/flags/"]
+)
+async def test_a_trailing_slash_is_an_unknown_path_never_a_redirect(tmp_path, path):
+    # a redirect would be built from the client's Host: a link to anywhere
+    async with sims(tmp_path) as stack, httpx.AsyncClient() as c:
+        answer = await c.post(stack.url + path, json={}, headers={"host": "evil.example"})
+    assert answer.status_code == 404
+    assert answer.json() == {"detail": "Not Found"}
+    assert "location" not in answer.headers
 
 
 async def test_a_body_over_the_limit_is_refused(tmp_path):

@@ -82,13 +82,17 @@ async def control(c: httpx.AsyncClient, url: str, faults: dict[str, Any]) -> Non
 async def run(
     c: httpx.AsyncClient, url: str, n: int, concurrency: int, **extra: Any
 ) -> list[httpx.Response]:
+    """``n`` requests, ``concurrency`` at a time, each its own (as many clients' are: an
+    error every endpoint gives the same body is that body's, not the endpoints')."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one() -> httpx.Response:
+    async def one(i: int) -> httpx.Response:
+        messages = [{"role": "user", "content": f"Say hello to {i}."}]
         async with gate:
-            return await c.post(url + "/v1/chat/completions", json={**CHAT, **extra})
+            body = {**CHAT, "messages": messages, **extra}
+            return await c.post(url + "/v1/chat/completions", json=body)
 
-    return list(await asyncio.gather(*(one() for _ in range(n))))
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 async def test_independent_errors_on_every_endpoint_rarely_reach_the_client(tmp_path):
@@ -129,8 +133,11 @@ async def test_an_endpoint_that_drops_every_stream_after_its_first_event_is_ejec
         sim(Mode.STANDARD, 1, timed=True, die_rate=1.0, die_after_chunks=2),
         sim(Mode.STANDARD, 2),
     ]
+    # the same request forty times: by its prompt it would go to one endpoint every time;
+    # least-outstanding choice takes each endpoint in turn, the dying one included
+    spread = {"prefix_affinity": False}
     async with (
-        stack(tmp_path, [sim(Mode.SPECULATIVE, 3)], standard, "standard") as running,
+        stack(tmp_path, [sim(Mode.SPECULATIVE, 3)], standard, "standard", **spread) as running,
         httpx.AsyncClient() as c,
     ):
         url, services, _, std_urls = running
@@ -265,3 +272,58 @@ rules: [{{name: default, start: spec}}]
     assert answer.status_code == 200 and answer.headers["x-speclane-pool"] == "standard"
     assert "ejected while the answer was awaited" in answer.headers["x-speclane-reason"]
     assert not services.pools.healthy("spec")
+
+
+# a JSON schema vLLM accepts and cannot run: its engine fails the request with a 500
+NEVER_ENDS = {"$ref": "#/$defs/n", "$defs": {"n": {"$ref": "#/$defs/n"}}}
+
+
+def _health(ready: dict[str, Any]) -> dict[str, list[str]]:
+    return {name: [e["health"] for e in pool["endpoints"]] for name, pool in ready["pools"].items()}
+
+
+async def test_a_run_of_bad_bodies_beside_good_traffic_ejects_nothing(tmp_path):
+    """Requests whose body every endpoint fails (a JSON schema that is a ``$ref`` cycle:
+    500 from vLLM, and from the simulator) are the requests' own fault: twelve of them,
+    each tried on all three endpoints, eject none, not even the standard pool's one, which
+    sees no other traffic."""
+    spec = [sim(Mode.SPECULATIVE, 1), sim(Mode.SPECULATIVE, 2)]
+    async with (
+        stack(tmp_path, spec, [sim(Mode.STANDARD, 3)]) as (url, _, _, _),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        done = asyncio.Event()
+
+        async def good() -> list[int]:
+            statuses = []
+            while not done.is_set():
+                statuses += [r.status_code for r in await run(c, url, 2, 2)]
+            return statuses
+
+        beside = asyncio.create_task(good())
+        bad = []
+        for i in range(12):
+            fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": NEVER_ENDS}}
+            body = {**CHAT, "messages": [{"role": "user", "content": f"JSON for {i}"}],
+                    "response_format": fmt, "stream": i % 2 == 0}  # fmt: skip
+            bad.append(await c.post(url + "/v1/chat/completions", json=body))
+        done.set()
+        served = await beside
+        health = _health((await c.get(url + "/readyz")).json())
+    assert {r.status_code for r in bad} == {503}, [r.text for r in bad]
+    assert set(served) == {200}
+    assert health == {"spec": ["serving", "serving"], "standard": ["serving"]}, health
+
+
+async def test_an_endpoint_that_fails_what_others_serve_is_still_ejected(tmp_path):
+    """The same 500s from one endpoint only, whose requests the others then serve: its own
+    fault, counted, and it is ejected."""
+    spec = [sim(Mode.SPECULATIVE, 1, error_rate=1.0), sim(Mode.SPECULATIVE, 2)]
+    async with (
+        stack(tmp_path, spec, [sim(Mode.STANDARD, 3)]) as (url, _, _, _),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        answers = await run(c, url, 24, 1)
+        health = _health((await c.get(url + "/readyz")).json())
+    assert {r.status_code for r in answers} == {200}
+    assert sorted(health["spec"]) == ["ejected", "serving"], health

@@ -176,3 +176,44 @@ def test_the_log_rotates_at_its_cap(tmp_path: Path) -> None:
     rotated = log.with_name("r.jsonl.1")
     assert log.stat().st_size <= 4000 and rotated.stat().st_size <= 4000
     assert len(requests.recent()) == 5 and requests.recent(since=57)[0]["at"] == 58
+
+
+def test_a_chart_without_matplotlib_fails_at_once_naming_the_extra(tmp_path: Path) -> None:
+    hidden = tmp_path / "no-matplotlib" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    png = tmp_path / "report.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "report", "--log", str(RECORDED), "--chart", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(hidden.parent)},
+    )
+    assert done.returncode == 1 and not png.exists()
+    assert "pip install 'speclane[charts]'" in done.stderr and done.stdout == ""
+
+
+async def test_a_report_without_the_token_says_how_to_give_it(tmp_path: Path) -> None:
+    from tests.fakes import FakeUpstream
+    from tests.gateways import fake_stack
+
+    fake = FakeUpstream()
+    async with fake_stack(tmp_path, fake.app(), fake.app(), admin_token=TOKEN) as (url, _):
+        bare = await asyncio.to_thread(report, "--gateway", url)
+        wrong = await asyncio.to_thread(report, "--gateway", url, "--token", "nope")
+        from_env = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "gateway", "report"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "SPECLANE_GATEWAY": url, "SPECLANE_ADMIN_TOKEN": TOKEN},
+        )
+    assert bare.returncode == 1
+    assert bare.stderr == (
+        f"cannot read the records: {url}: admin API: a bearer token is required (401): pass "
+        "the gateway's SPECLANE_ADMIN_TOKEN with --token, or set SPECLANE_ADMIN_TOKEN\n"
+    )
+    assert wrong.returncode == 1 and "admin API: wrong token (403)" in wrong.stderr
+    assert from_env.returncode == 0, from_env.stderr

@@ -103,7 +103,11 @@ async def test_two_replicas_share_flags_within_a_second(tmp_path):
                 return r.headers["x-speclane-pool"]
 
             assert await b_pool() == "spec"
-            await c.put(a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH)
+            await c.put(
+                a + "/admin/flags/speculation",
+                json={"enabled": False, "reason": "test"},
+                headers=AUTH,
+            )
 
             async def b_is_standard() -> bool:
                 return await b_pool() == "standard"
@@ -170,7 +174,9 @@ async def test_redis_down_and_back_empty_costs_clients_nothing(tmp_path):
             )
             async with gateway(cfg) as (url, services), httpx.AsyncClient() as c:
                 put = await c.put(
-                    url + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH
+                    url + "/admin/flags/speculation",
+                    json={"enabled": False, "reason": "test"},
+                    headers=AUTH,
                 )
                 assert put.status_code == 200
                 statuses = []
@@ -187,7 +193,7 @@ async def test_redis_down_and_back_empty_costs_clients_nothing(tmp_path):
                 await asyncio.sleep(0.5)
                 ready = (await c.get(url + "/readyz")).json()
                 assert ready["ready"] is True and ready["state"]["degraded"] is True
-                later = {"rollout": 5, "reason": "while Redis was away", "create": True}
+                later = {"enabled": False, "reason": "while Redis was away", "create": True}
                 put = await c.put(url + "/admin/flags/spec-late", json=later, headers=AUTH)
                 assert put.status_code == 200
                 while_down = (await c.get(url + "/admin/audit", headers=AUTH)).json()["audit"]
@@ -223,7 +229,9 @@ async def test_a_redis_with_a_password(tmp_path):
             bad = settings(tmp_path / "b", text, **common)
             async with gateway(good) as (a, _), gateway(bad) as (b, _), httpx.AsyncClient() as c:
                 put = await c.put(
-                    a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH
+                    a + "/admin/flags/speculation",
+                    json={"enabled": False, "reason": "test"},
+                    headers=AUTH,
                 )
                 assert put.status_code == 200
                 ready_a = (await c.get(a + "/readyz")).json()

@@ -4,6 +4,7 @@ requests in flight finishing under the policy they started with."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -35,7 +36,7 @@ async def eventually(check, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_file_change_reloads_and_a_bad_file_is_kept_out(tmp_path):
+async def test_file_change_reloads_and_a_bad_file_is_kept_out(tmp_path, caplog):
     fake = FakeUpstream()
     async with (
         fake_stack(tmp_path, fake.app(), fake.app(), policy_watch_s=0.05) as (url, svc),
@@ -50,6 +51,8 @@ async def test_file_change_reloads_and_a_bad_file_is_kept_out(tmp_path):
         assert await pool(c, url) == "spec"
         metrics = (await c.get(url + "/metrics")).text
         assert "speclane_policy_reloads_total{" in metrics and 'result="rejected"' in metrics
+        before = svc.policy.version
+        caplog.set_level(logging.INFO, logger="gateway.state.policyfile")
         path.write_text(good.split("\nrules:")[0] + TO_STANDARD)
 
         async def switched() -> bool:
@@ -57,6 +60,10 @@ async def test_file_change_reloads_and_a_bad_file_is_kept_out(tmp_path):
 
         await eventually(switched)
         assert svc.policy.last_error == ()
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.state.policyfile"]
+    assert f"policy reloaded from {path}: version {before} -> {svc.policy.version}; " in said[-1]
+    rules = ", ".join(rule.name for rule in svc.policy.current.rules)
+    assert said[-1].endswith(f"rule{'s' if ',' in rules else ''} ({rules})")
 
 
 async def _async(value: bool) -> bool:

@@ -92,11 +92,11 @@ async def test_a_header_names_the_tenant_only_when_the_operator_trusts_it(tmp_pa
 
 
 FLAG_SETTINGS = {
-    "deny list": ("spec-json", {"tenants": {"deny": ["acme"]}}),
-    "kill switch deny list": ("speculation", {"tenants": {"deny": ["acme"]}}),
-    "kill switch allow list": ("speculation", {"tenants": {"allow": ["beta"]}}),
-    "rollout": ("spec-json", {"rollout": 50, "tenants": {"deny": []}}),
-    "off": ("spec-json", {"enabled": False}),
+    "deny list": ("spec-json", {"tenants": {"deny": ["acme"]}, "reason": "t"}),
+    "kill switch deny list": ("speculation", {"tenants": {"deny": ["acme"]}, "reason": "t"}),
+    "kill switch allow list": ("speculation", {"tenants": {"allow": ["beta"]}, "reason": "t"}),
+    "rollout": ("spec-json", {"rollout": 50, "tenants": {"deny": []}, "reason": "t"}),
+    "off": ("spec-json", {"enabled": False, "reason": "t"}),
 }
 
 

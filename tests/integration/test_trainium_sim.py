@@ -72,7 +72,8 @@ async def test_neuron_pair_falls_back_by_speed_and_comes_back(tmp_path) -> None:
 
         await c.post(spec + "/sim/control", json={"acceptance": {"json": 0.02}})
         served: list[str] = []
-        while len(served) < 40 and (not served or served[-1] == "spec-k7"):
+        # judged by time per token in wall time: a busy machine needs more requests to be sure
+        while len(served) < 80 and (not served or served[-1] == "spec-k7"):
             served.append(await send(c, url, JSON))
         assert served[-1] == "standard", served
         fall = services.stats.events[-1]

@@ -57,7 +57,9 @@ async def test_kill_switch_reaches_the_other_process_within_a_second(tmp_path):
                 before = await c.post(b + "/v1/chat/completions", json=CHAT)
                 assert before.headers["x-speclane-pool"] == "spec"
                 put = await c.put(
-                    a + "/admin/flags/speculation", json={"enabled": False}, headers=AUTH
+                    a + "/admin/flags/speculation",
+                    json={"enabled": False, "reason": "test"},
+                    headers=AUTH,
                 )
                 assert put.status_code == 200
                 set_at = time.monotonic()

@@ -146,6 +146,8 @@ async def test_a_client_error_after_content_answers_a_whole_request_with_its_sta
         )
     assert whole.status_code == 400 and whole.json()["error"]["message"] == "late trouble"
     assert whole.headers["x-speclane-pool"] == "spec" and whole.headers["x-request-id"]
-    # a streaming client already has content: the error is the stream's last event
+    # a streaming client already has content: the error is the stream's last event, after
+    # every chunk before it, even those that came in the same read
     assert streamed.status_code == 200
     assert streamed.text.rstrip().endswith(_error(400).decode())
+    assert '"content":"Hel"' in streamed.text

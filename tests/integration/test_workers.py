@@ -114,7 +114,9 @@ async def _flag_reaches_both(workers: dict[int, httpx.AsyncClient]) -> int:
         sent += 1
         assert r.headers["x-speclane-pool"] == "spec"
     first = next(iter(workers.values()))
-    put = await first.put("/admin/flags/speculation", json={"enabled": False}, headers=AUTH)
+    put = await first.put(
+        "/admin/flags/speculation", json={"enabled": False, "reason": "test"}, headers=AUTH
+    )
     assert put.status_code == 200, put.text
     for pid, client in workers.items():
         deadline = time.monotonic() + 5

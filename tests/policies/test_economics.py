@@ -9,7 +9,7 @@ import pytest
 
 from policies.compiled import load_policy
 from policies.decide import decide
-from policies.economics import Judgement, Rung, Tally, hinges, judge
+from policies.economics import Judgement, Rung, Tally, exploring, hinges, judge
 from policies.features import Features
 from policies.guardrail import ON_START, Economics, Phase, SliceState, step_economic
 from policies.model import Guardrail
@@ -114,9 +114,7 @@ def test_probes_are_sized_by_the_loss_they_may_cost_and_by_time():
     assert event is None and later.probe_share > dear.probe_share
     assert later.version == dear.version and later.phase is Phase.PROBING
     # the newest probes cheaper with confidence: back at once
-    back, event = step_economic(
-        "s", dear, Economics(probes=below(1, -4.0), probe_count=2, rate=busy), CONFIG, 32
-    )
+    back, event = step_economic("s", dear, Economics(probes=below(1, -4.0), rate=busy), CONFIG, 32)
     assert back.offset == 0 and back.phase is Phase.ON and event is not None
     assert "cheaper above" in event.reason
 
@@ -176,6 +174,21 @@ def test_exploring_a_pool_is_worth_it_only_where_its_doubt_could_change_a_decisi
     assert not hinges(decided, fresh, rate=1.0, cost=4 / 60)
 
 
+def test_a_quiet_slice_leaning_below_serves_its_lean_there_and_mirrors_nothing():
+    # a long-context slice of one request every 5 s: the pool below looks 15% cheaper, its
+    # step there (at the slice's context) the larger part of the doubt
+    leans = Judgement(0, 1.15, 1.6, 50, "", log_var=0.008)
+    below = StepTime(0.038, 0.006, 4.0)
+    assert exploring(leans, below, rate=0.2, live=True, cost=4 / 60) == (False, 0.25)
+    # mirrored, the same knowledge is not worth four whole requests a minute
+    assert exploring(leans, below, rate=0.2, live=False, cost=4 / 60) == (False, 0.0)
+    # a busy slice would pay for mirrors: the pool's budget
+    assert exploring(leans, below, rate=5.0, live=False, cost=4 / 60) == (True, 0.0)
+    at_the_line = Judgement(0, 1.0, 0.0, 90, "", log_var=0.0021)
+    assert exploring(at_the_line, below, rate=5.0, live=True, cost=4 / 60) == (True, 0.0)
+    assert exploring(at_the_line, below, rate=0.2, live=True, cost=4 / 60) == (False, 0.0)
+
+
 @pytest.mark.parametrize("live", [True, False])
 def test_an_explored_request_is_served_below_when_live_and_mirrored_otherwise(live):
     state = SliceState(explore=1.0, explore_live=live)
@@ -187,3 +200,4 @@ def test_an_explored_request_is_served_below_when_live_and_mirrored_otherwise(li
         assert decision.pool == "standard" and decision.shadow_to is None
     else:
         assert decision.pool == "spec" and decision.shadow_to == "standard"
+        assert decision.shadow_tokens == CONFIG.probe_tokens  # steps to time, no more

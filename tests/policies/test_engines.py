@@ -92,3 +92,20 @@ def test_each_engine_says_which_signal_it_gives() -> None:
     assert shown["per_request_field"] == "choices[].avg_decoded_tokens_per_iter"
     assert shown["method"] == "eagle3" and shown["drafts_visible"] is True
     assert describe(pool("vllm-neuron"))["drafts_visible"] is False
+
+
+def test_an_engine_of_a_gateways_own_is_taken_with_a_warning() -> None:
+    found = report("tiny", mode="threshold")
+    assert not found.errors  # nothing known of its drafts: nothing to refuse
+    unknown = [w for w in found.warnings if w.code == "engine-unknown"]
+    assert [w.path for w in unknown] == [
+        ("pools", "spec", "engine"),
+        ("pools", "standard", "engine"),
+    ]
+    assert "registered" in unknown[0].hint
+    assert describe(pool("tiny"))["per_request_field"] is None
+
+
+@pytest.mark.parametrize("name", ["Tiny", "ti ny", "", "-x"])
+def test_an_engine_name_is_lowercase_and_one_word(name: str) -> None:
+    assert report(name).policy is None

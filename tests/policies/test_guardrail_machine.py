@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,10 @@ from policies.guardrail import (
     step,
 )
 from policies.model import Guardrail, GuardrailMode
+
+# CPU-bound: one worker runs these one after another, at a lower priority, with time to
+# spare (docs/development.md, "Tests in parallel")
+pytestmark = [pytest.mark.xdist_group("cpu"), pytest.mark.timeout(600)]
 
 CONFIG = Guardrail(
     mode=GuardrailMode.THRESHOLD,

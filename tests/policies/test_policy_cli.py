@@ -38,13 +38,15 @@ def test_lint_exit_codes(
 ) -> None:
     good = write(tmp_path, "good.yaml", policy_text)
     assert run("lint", good) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out == f"{good}: 0 error(s), 0 warning(s)\n"  # on stdout
     bad = write(tmp_path, "bad.yaml", policy_text.replace("start: standard", "start: nowhere"))
     assert run("lint", good, bad) == 1
     out = capsys.readouterr().out.splitlines()
     assert out == [
+        f"{good}: 0 error(s), 0 warning(s)",
         f"{bad}:12:10: error: rules.1.start: start 'nowhere' is not a pool "
-        "(hint: use one of ['shadow', 'spec', 'standard'])"
+        "(hint: use one of ['shadow', 'spec', 'standard'])",
+        f"{bad}: 1 error(s), 0 warning(s)",
     ]
 
 
@@ -61,7 +63,7 @@ def test_warnings_fail_only_when_strict(
 
 def test_lint_an_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("lint", str(tmp_path / "missing.yaml")) == 1
-    assert "missing.yaml: error: cannot read" in capsys.readouterr().out
+    assert "missing.yaml: error: cannot read" in capsys.readouterr().err
 
 
 REQUEST = {
@@ -200,3 +202,25 @@ def test_explain_a_completions_request(
     assert out["features"]["endpoint"] == "/v1/completions"
     assert out["features"]["prompt_tokens"] > 16000
     assert (out["rule"], out["pool"]) == ("long-context", "standard")
+
+
+def test_explain_names_the_child_of_a_split_slice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = write(tmp_path, "request.json", json.dumps(REQUEST))
+    assert run("explain", str(TRAINIUM), request, "--json") == 0
+    decided = json.loads(capsys.readouterr().out)
+    template = dict(decided["candidates"])["template"]
+    parent = decided["slice"]
+    split = {"parent": parent, "key": "template", "values": ["0" * 16, template]}
+    stats = {"splits": {parent: {**split, "since": 1.0, "version": 1, "why": "split"}}}
+    saved = write(tmp_path, "stats.json", json.dumps(stats))
+    assert run("explain", str(TRAINIUM), request, "--stats", saved) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"slice: {parent} / app:2" in out
+    assert f"  split by application from: {parent}" in out
+    assert any(
+        line.startswith("split keys (what its slice may split by): template ") for line in out
+    )
+    bad = write(tmp_path, "bad.json", json.dumps({"splits": {parent: {"key": 1}}}))
+    assert run("explain", str(TRAINIUM), request, "--stats", bad) == 1

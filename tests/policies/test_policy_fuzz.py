@@ -16,6 +16,10 @@ from policies.lint import lint
 from policies.load import MAX_BYTES, MAX_DEPTH, MAX_VALUES
 from policies.problems import PolicyError
 
+# CPU-bound: one worker runs these one after another, at a lower priority, with time to
+# spare (docs/development.md, "Tests in parallel")
+pytestmark = [pytest.mark.xdist_group("cpu"), pytest.mark.timeout(600)]
+
 EXAMPLES = sorted((Path(__file__).parents[2] / "policies" / "examples").glob("*.yaml"))
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VOCABULARY = [

@@ -98,6 +98,30 @@ CASES = {
             "(hint: swap min and max)"
         ],
     ),
+    "a range no request reaches": (
+        rules("- {name: a, start: spec, match: {temperature: {min: 9}, top_p: {max: 1.5}}}"),
+        [
+            "p.yaml:7:53: error: rules.0.match.temperature.min: temperature min 9 is out of "
+            "range: a request's temperature is 0 to 2 (hint: give a value 0 to 2)",
+            "p.yaml:7:70: error: rules.0.match.top_p.max: top_p max 1.5 is out of range: a "
+            "request's top_p is 0 to 1 (hint: give a value 0 to 1)",
+        ],
+    ),
+    "a band edge no request reaches": (
+        HEAD.replace("rules:\n", "slices: {temperature: [0.3, 9]}\nrules:\n") + DEFAULT,
+        [
+            "p.yaml:6:29: error: slices.temperature.1: band edge 9 is out of range: a "
+            "temperature edge is 0 to 2 (hint: give edges 0 to 2)"
+        ],
+    ),
+    "a partial rollout where no tenant has a key": (
+        rules("- {name: a, start: spec, rollout: 50, match: {stream: true}}"),
+        [
+            "p.yaml:7:35: warning: rules.0.rollout: a 50% rollout draws from tenants, and no "
+            "tenant here has api_keys: every request is anonymous and outside it (hint: give "
+            "tenants api_keys, or set SPECLANE_TRUSTED_TENANT_HEADER where a proxy names them)"
+        ],
+    ),
     "start is not a pool": (
         rules("- {name: a, start: spec-k9, match: {stream: true}}"),
         [

@@ -17,6 +17,10 @@ from policies.guardrail import Phase, SliceState
 from policies.match import Matcher, covers, matches, satisfiable
 from policies.model import Match, PolicyFile, Range, Rule, ToolNames
 
+# CPU-bound: one worker runs these one after another, at a lower priority, with time to
+# spare (docs/development.md, "Tests in parallel")
+pytestmark = [pytest.mark.xdist_group("cpu"), pytest.mark.timeout(600)]
+
 
 def m(**conditions: Any) -> Match:
     return Match.model_validate(conditions)

@@ -56,7 +56,7 @@ def test_schema_names_the_dialect_and_describes_keys() -> None:
         (("pools", "x", "kind"), "'speculative' or 'standard'"),
         (("rules", 0, "match", "endpoint"), "a list of a string"),
         (("version",), "1"),
-        (("slices",), "{temperature: [...], context_tokens: [...], tool_schemas: ...}"),
+        (("slices",), "{temperature: [...], context_tokens: [...], tool_schemas: ..., ...}"),
     ],
 )
 def test_expected_values_in_words(loc: tuple[str | int, ...], words: str) -> None:

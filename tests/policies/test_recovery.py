@@ -17,6 +17,7 @@ from policies.guardrail import (
     Economics,
     Phase,
     SliceState,
+    probe_share,
     recovery_share,
     step_economic,
 )
@@ -46,6 +47,24 @@ def test_a_quiet_slice_mirrors_short_probes_a_busy_one_does_not():
     busy = Economics(above=dear(1.6), rate=5.0, tokens=192.0)
     assert recovery_share(busy, CONFIG, live=0.01) == 0.0
     assert recovery_share(every_3s, Guardrail(recovery_budget=0), live=0.0) == 0.0
+
+
+def test_a_long_conversations_short_probes_pay_their_prefill_from_the_recovery_budget():
+    quiet = Economics(above=dear(1.6), rate=0.05, tokens=48.0)
+    # its probes prefill 30,000 uncached tokens at 20 us each above (0.6 s), against a
+    # request of 48 tokens at 25 ms a token here (1.2 s): half a request more per probe
+    long = Economics(above=dear(1.6), rate=0.05, tokens=48.0, prefill=0.5)
+    short = recovery_share(quiet, CONFIG, live=0.0)
+    assert recovery_share(long, CONFIG, live=0.0) == pytest.approx(
+        CONFIG.recovery_budget / (16 / 48 * 1.6 + 0.5), rel=0.02
+    )
+    assert recovery_share(long, CONFIG, live=0.0) < short
+    busy, busy_long = (
+        Economics(above=dear(1.6), rate=5.0),
+        Economics(above=dear(1.6), rate=5.0, prefill=0.5),
+    )
+    # the live probes' share is priced on decode: they are where a healing is first seen
+    assert probe_share(busy_long, CONFIG) == probe_share(busy, CONFIG)
 
 
 def test_probing_says_its_short_mirrors_and_a_short_probe_is_decided_as_such():

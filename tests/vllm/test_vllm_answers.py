@@ -144,8 +144,15 @@ def test_whole_answers_are_the_pools_own(stack, gateway, server, extra):
     direct, via = clients(stack, gateway, server)
     request = {"model": stack.model, "messages": MESSAGES, "temperature": 0, "max_tokens": 12}
     request |= EXTRAS[extra]
-    ours = via.chat.completions.create(**request).model_dump()
-    assert pruned(ours) == pruned(direct.chat.completions.create(**request).model_dump())
+    raw = via.chat.completions.with_raw_response.create(**request)
+    theirs = direct.chat.completions.with_raw_response.create(**request)
+    ours = raw.parse().model_dump()
+    assert pruned(ours) == pruned(theirs.parse().model_dump())
+    # every field of the pool's own answer, its nulls too, whether passed through or assembled
+    ours_json, theirs_json = raw.http_response.json(), theirs.http_response.json()
+    assert list(ours_json) == list(theirs_json)
+    assert list(ours_json["choices"][0]) == list(theirs_json["choices"][0])
+    assert list(ours_json["choices"][0]["message"]) == list(theirs_json["choices"][0]["message"])
 
 
 @pytest.mark.parametrize("server", ["standard", "ngram", "draft"])

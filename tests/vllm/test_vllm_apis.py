@@ -140,6 +140,20 @@ def test_count_tokens_passes_through(stack, gateway):
     assert ours.json()["input_tokens"] > 0
 
 
+def test_what_vllm_refuses_on_messages_reaches_the_client_in_anthropics_shape(stack, gateway):
+    """vLLM answers a role its Messages model does not know in its OpenAI shape; through
+    speclane the anthropic client gets Anthropic's, with vLLM's message."""
+    body = {"model": stack.model, "max_tokens": 8, "messages": [{"role": "robot", "content": "hi"}]}
+    theirs = httpx.post(url_of(stack, "standard") + "/v1/messages", json=body, timeout=30)
+    assert theirs.status_code == 400 and "type" not in theirs.json()
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude(gateway.url).messages.create(**body)
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": theirs.json()["error"]["message"]},
+    }
+
+
 def test_a_stored_response_is_continued_where_it_is(stack, tmp_path):
     """One pool of two endpoints (the ngram and draft servers serve the same model): the
     second turn names the first's id and goes to the endpoint that stored it, every time,
@@ -164,6 +178,11 @@ def test_a_stored_response_is_continued_where_it_is(stack, tmp_path):
             assert raw.headers["x-speclane-reason"].startswith(f"pinned: response {first.id}")
             got = httpx.get(gateway.url + f"/v1/responses/{first.id}", timeout=30)
             assert got.status_code == 200 and got.json()["id"] == first.id
+        # vLLM 0.32 has no DELETE for a stored response (the simulator answers the same)
+        deleted = httpx.delete(gateway.url + f"/v1/responses/{first.id}", timeout=30)
+        assert deleted.status_code == 405 and deleted.json() == {"detail": "Method Not Allowed"}
+        kept = httpx.get(gateway.url + f"/v1/responses/{first.id}", timeout=30)
+        assert kept.status_code == 200
         with pytest.raises(openai.NotFoundError):
             client.responses.create(
                 input="x", previous_response_id="resp_0000000000000000", **request

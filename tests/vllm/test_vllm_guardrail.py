@@ -125,17 +125,21 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
     the speculative pool, so when acceptance returns (greedy requests after sampled ones, in
     one slice: no temperature bands) the slice comes back within a bounded number of
     requests, whoever the client is. The thresholds lie between the tiny draft's measured
-    acceptances: about 0.02 on sampled poems, about 0.2 on greedy code."""
+    acceptances, each about twice away: 0.02-0.05 on poems sampled at temperature 1.5, and
+    0.14-0.17 on greedy class headers (at temperature 1 the poems' reach 0.08-0.13, too close
+    to the greedy code's to tell the two apart in a few samples)."""
     guardrail = (
-        "mode: threshold, min_acceptance: 0.1, recover_above: 0.15, min_samples: 4, "
+        "mode: threshold, min_acceptance: 0.07, recover_above: 0.09, min_samples: 4, "
         "cooldown_s: 2, probe_fraction: 0.25"
     )
     text = policy(stack, "draft", guardrail) + "slices: {temperature: []}\n"
     with speclane_serve(tmp_path, text) as gateway:
         sampled = [f"Write a poem about {topic}." for topic in TOPICS]
-        assert served_pools(gateway, stack.model, sampled, temperature=1.0)[-1] == "standard"
+        first = served_pools(gateway, stack.model, sampled, temperature=1.5)
+        fell = gateway.admin("/admin/guardrail")["events"]  # type: ignore[index]
+        assert [e["to"]["phase"] for e in fell] == ["fallen_back"], (first, fell)
         time.sleep(2.5)  # the cooldown
-        greedy = [f"def parse_{i}(self, text):\n" for i in range(80)]
+        greedy = [f"class Parser{i}(object):\n    def __init__(self" for i in range(80)]
         pools = served_pools(gateway, stack.model, greedy, temperature=0.0)
         events = gateway.admin("/admin/guardrail")["events"]  # type: ignore[index]
     phases = [e["to"]["phase"] for e in events]

@@ -2,9 +2,11 @@
 
 Each server is ``python -m vllm.entrypoints.openai.api_server`` from the cached venv, on
 127.0.0.1 and a free port, in eager mode (no compile step: it starts in about half the
-time), with 1 GiB of KV cache, offline, without usage reporting, and pinned to one core
-(``VLLM_CPU_OMP_THREADS_BIND``): left to itself every vLLM CPU server pins core 0, and two
-of them on one core each run at a third of their speed. Cores are handed out in turn.
+time), with 1 GiB of KV cache (prefix caching on, vLLM's default, and its hits reported in
+chat and completions usage: ``--enable-prompt-tokens-details``), offline, without usage
+reporting, and pinned to one core (``VLLM_CPU_OMP_THREADS_BIND``): left to itself every vLLM
+CPU server pins core 0, and two of them on one core each run at a third of their speed.
+Cores are handed out in turn.
 
 Each server leads its own session (process group), so ``stop`` ends the API server and its
 engine and worker processes together, by the PID recorded in the state file, and only after
@@ -101,6 +103,7 @@ def argv(python: Path, kind: ServerKind, models: Models, model_name: str, port: 
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         "pythonic",
+        "--enable-prompt-tokens-details",
         *kind.flags(models),
     ]
 

@@ -20,6 +20,7 @@ from backends.sim.config import Mode, SimConfig
 from backends.sim.engine import Engine, Scheduler, Sequence, Step, StepEvent, merge_factor
 from backends.sim.model import CostModel, Method, build_profile
 from backends.sim.pacing import timings
+from backends.sim.prefix import prompt_hashes
 from tests.backends.sim.conftest import FakeTime
 from tests.backends.sim.test_sim_engine import profile
 
@@ -199,7 +200,8 @@ async def test_the_real_time_engine_and_the_cluster_agree() -> None:
     seqs = []
     for i, body in enumerate(bodies):
         p = build_profile(body, seed=config.seed, index=i, max_tokens=48, model=config.acceptance)
-        seqs.append(Sequence(p, config.k, sink=partial(heard, fake, chunks[i])))
+        hashes = prompt_hashes(body, config.block_size)  # cached as the cluster caches them
+        seqs.append(Sequence(p, config.k, sink=partial(heard, fake, chunks[i]), hashes=hashes))
         engine.submit(seqs[-1])
     while not all(got and got[-1][1].finished for got in chunks.values()):
         await asyncio.sleep(0)

@@ -14,7 +14,15 @@ import pytest
 
 from backends.sim.cli import build_parser, config_from_args, cost_model_arg
 from backends.sim.engine import Scheduler, Sequence
-from backends.sim.model import GPU_32B, GPU_H200, CostModel, GpuCostModel, RequestProfile
+from backends.sim.model import (
+    GPU_32B,
+    GPU_H200,
+    CostModel,
+    GpuCostModel,
+    RequestProfile,
+    measured_for,
+    scaled_draft,
+)
 from backends.sim.workload import Workload
 
 K = 4
@@ -167,7 +175,13 @@ def test_a_summary_without_a_draft_fit_keeps_the_estimated_draft():
 
 def test_the_command_line_chooses_the_cost_model(tmp_path):
     parser = build_parser(argparse.ArgumentParser())
-    assert isinstance(config_from_args(parser.parse_args([])).cost, CostModel)
+    # the default is the measured curve for the served model's size (qwen3-32b: the 32B)
+    assert config_from_args(parser.parse_args([])).cost == GPU_32B
+    assert config_from_args(parser.parse_args(["--model", "llama-3-8b"])).cost == GPU
+    assert config_from_args(parser.parse_args(["--cost-model", "measured"])).cost == GPU_32B
+    assert isinstance(
+        config_from_args(parser.parse_args(["--cost-model", "affine"])).cost, CostModel
+    )
     assert config_from_args(parser.parse_args(["--cost-model", "gpu"])).cost == GPU
     assert config_from_args(parser.parse_args(["--cost-model", "gpu-32b"])).cost == GPU_32B
     target = {"floor_s": 0.02, "per_token_s": 2e-5, "knee_tokens": 50, "kv_per_token_s": 1e-8}
@@ -181,3 +195,32 @@ def test_the_command_line_chooses_the_cost_model(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(argparse.ArgumentTypeError, match="not a JSON object"):
         cost_model_arg(f"gpu:{path}")
+
+
+@pytest.mark.parametrize(
+    ("name", "curve"),
+    [
+        ("qwen3-32b", GPU_32B),
+        ("Qwen/Qwen3-30B-A3B", GPU_32B),
+        ("meta-llama/Llama-3.1-70B-Instruct", GPU_32B),
+        ("llama-3-8b", GPU),
+        ("qwen2.5-14b", GPU),
+        ("qwen3-1.7b", GPU),
+        ("mistral", GPU),
+    ],
+)
+def test_the_measured_curve_is_the_one_nearest_the_models_size(name, curve):
+    assert measured_for(name) == curve
+
+
+def test_a_lighter_draft_scales_only_the_drafts_parts():
+    light = scaled_draft(GPU_32B, 0.3)
+    assert isinstance(light, GpuCostModel)
+    assert light.floor_s == GPU_32B.floor_s and light.draft_floor_s == pytest.approx(
+        0.3 * GPU_32B.draft_floor_s
+    )
+    plain = GPU_32B.decode_step_seconds(batch=8, k=3, speculative=False)
+    assert light.decode_step_seconds(batch=8, k=3, speculative=False) == plain
+    assert light.decode_step_seconds(batch=8, k=3, speculative=True) < (
+        GPU_32B.decode_step_seconds(batch=8, k=3, speculative=True)
+    )

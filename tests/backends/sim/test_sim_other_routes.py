@@ -3,6 +3,7 @@ embeddings are deterministic unit vectors, model cards, stored responses, vLLM's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import httpx
@@ -53,18 +54,36 @@ async def test_model_cards_and_unknown_paths():
     assert unknown.status_code == 404 and unknown.json() == {"detail": "Not Found"}
 
 
-async def test_stored_responses_are_read_deleted_and_cancelled():
+async def test_stored_responses_are_read_and_cancelled():
     app = create_app(CONFIG)
     app.state.stored.store("resp_1", {"id": "resp_1", "status": "in_progress"})
     async with serving(app) as url, httpx.AsyncClient(base_url=url) as c:
         read = await c.get("/v1/responses/resp_1")
         cancelled = await c.post("/v1/responses/resp_1/cancel")
         again = await c.post("/v1/responses/resp_1/cancel")
-        deleted = await c.delete("/v1/responses/resp_1")
-        missing = await c.get("/v1/responses/resp_1")
+        missing = await c.get("/v1/responses/resp_2")
     assert read.json() == {"id": "resp_1", "status": "in_progress"}
     assert cancelled.json()["status"] == "cancelled"
     assert again.status_code == 400
-    assert deleted.json()["deleted"] is True
     assert missing.status_code == 404
-    assert missing.json()["error"]["message"] == "Response with id 'resp_1' not found."
+    assert missing.json()["error"]["message"] == "Response with id 'resp_2' not found."
+
+
+async def test_delete_is_vllms_405_and_the_conversation_goes_on():
+    """vLLM 0.32 has no DELETE route for a stored response: 405 in FastAPI's shape, known
+    id or not, and the response stays, to be read and continued."""
+    config = dataclasses.replace(CONFIG, zero_latency=True)
+    async with serving(create_app(config)) as url, httpx.AsyncClient(base_url=url) as c:
+        first = await c.post("/v1/responses", json={"model": "tiny", "input": "Hi", "store": True})
+        response_id = first.json()["id"]
+        deleted = await c.delete(f"/v1/responses/{response_id}")
+        unknown = await c.delete("/v1/responses/resp_nope")
+        read = await c.get(f"/v1/responses/{response_id}")
+        more = {"model": "tiny", "input": "And?", "previous_response_id": response_id}
+        continued = await c.post("/v1/responses", json=more)
+    for answer in (deleted, unknown):
+        assert answer.status_code == 405
+        assert answer.json() == {"detail": "Method Not Allowed"}
+        assert "GET" in answer.headers["allow"]
+    assert read.status_code == 200 and read.json()["id"] == response_id
+    assert continued.status_code == 200 and continued.json()["previous_response_id"] == response_id

@@ -487,3 +487,43 @@ async def test_serve_runs_until_cancelled() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_root_and_an_unknown_model_name_what_is_served(sim_server: Server) -> None:
+    """The card's root is vLLM's --model (where init reads generation_config.json); every 404
+    for an unknown model names the served ones, as vLLM 0.32's does."""
+    config = SimConfig(served_model_names=("tiny", "tiny-2"), time_scale=0.02, root="/m/tiny")
+    async with client(sim_server, config) as c:
+        models = (await c.get("/v1/models")).json()
+        card = await c.get("/v1/models/nope")
+        counted = await c.post(
+            "/v1/messages/count_tokens",
+            json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert [m["root"] for m in models["data"]] == ["/m/tiny", "/m/tiny"]
+    for answer in (card, counted):
+        assert answer.status_code == 404
+        assert "Valid aliases: tiny, tiny-2." in answer.text
+
+
+async def test_a_request_without_temperature_is_sampled_at_the_models_default(
+    sim_server: Server,
+) -> None:
+    """As vLLM applies the model's generation_config.json: a request without a temperature
+    is answered as one at the model's default (each answer the first of a fresh server, so
+    the same sampling gives the same numbers)."""
+    story = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story"}]}
+    story["max_tokens"] = 64
+
+    async def metrics(default: float | None, **extra: object) -> object:
+        config = SimConfig(
+            served_model_names=("tiny",), time_scale=0.01, seed=3, default_temperature=default
+        )
+        async with client(sim_server, config) as c:
+            answer = await c.post("/v1/chat/completions", json={**story, **extra})
+        return answer.json()["metrics"]
+
+    assert await metrics(None) == await metrics(None, temperature=1.0)  # vLLM's own 1.0
+    assert await metrics(0.6) == await metrics(None, temperature=0.6)
+    assert await metrics(0.6) != await metrics(None)
+    assert await metrics(0.6, temperature=1.0) == await metrics(None, temperature=1.0)

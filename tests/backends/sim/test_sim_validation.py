@@ -191,3 +191,34 @@ async def test_an_engine_error_is_the_first_event_of_a_started_stream(sim_server
     assert first.endswith(b'"type": "BadRequestError", "param": "logprobs", "code": 400}}')
     assert whole.status_code == 400
     assert whole.json() == orjson.loads(first)
+
+
+NEVER_ENDS = {"$ref": "#/$defs/n", "$defs": {"n": {"$ref": "#/$defs/n"}}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "fails"),
+    [
+        (NEVER_ENDS, True),
+        ({"$ref": "#"}, True),
+        ({"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/b"},
+                                                     "b": {"$ref": "#/definitions/a"}}}, True),
+        ({"$ref": "#/$defs/n", "$defs": {"n": {"type": "string"}}}, False),
+        ({"$ref": "#/$defs/missing"}, False),
+        ({"type": "object", "properties": {"next": {"$ref": "#"}}}, False),  # a linked list
+    ],
+)  # fmt: skip
+def test_a_ref_cycle_passes_validation_and_fails_in_the_engine_with_a_500(schema, fails):
+    """vLLM 0.32 takes a schema that is a ``$ref`` cycle (xgrammar compiles it), then its
+    engine kills the request at its first token: 500 ``InternalServerError``, whole or as
+    the first event of a started stream, and the same on every endpoint."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    deferred = ask(response_format=fmt).deferred
+    if not fails:
+        assert deferred is None
+        return
+    assert deferred is not None and deferred.status == 500
+    assert orjson.loads(deferred.event()) == {
+        "error": {"message": "Internal server error", "type": "InternalServerError",
+                  "param": None, "code": 500}
+    }  # fmt: skip

@@ -110,3 +110,18 @@ def test_trace_is_a_log_level():
     from gateway.settings import Settings
 
     assert Settings(log_level="TRACE").log_level == "trace"
+
+
+def test_a_port_in_use_is_one_line_before_any_banner(tmp_path, capsys):
+    import socket
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(["http://127.0.0.1:9"], ["http://127.0.0.1:9"]))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--policy", str(policy), "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == f"speclane serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.cli.settings import BEGIN, END, markdown_table, spliced
-from gateway.settings import Settings
+from gateway.settings import GROUPS, Settings
 
 PAGE = Path(__file__).parents[3] / "docs" / "configuration.md"
 
@@ -17,6 +17,16 @@ PAGE = Path(__file__).parents[3] / "docs" / "configuration.md"
 def test_every_setting_says_what_it_does():
     for name, field in Settings.model_fields.items():
         assert field.description and len(field.description) >= 15, name
+
+
+def test_every_setting_is_in_one_group_and_keeps_its_variable(monkeypatch):
+    grouped = [name for group in GROUPS for name in group.model_fields]
+    assert sorted(grouped) == sorted(Settings.model_fields) and len(set(grouped)) == len(grouped)
+    assert list(Settings.model_fields) == grouped  # listed in the groups' order
+    monkeypatch.setenv("SPECLANE_OUTLIER_MAX_EJECTION_S", "12")
+    monkeypatch.setenv("SPECLANE_SHADOW_TIMEOUT_S", "7")
+    settings = Settings()
+    assert settings.outlier_max_ejection_s == 12 and settings.shadow_timeout_s == 7
 
 
 def test_the_configuration_page_is_current():
@@ -27,6 +37,7 @@ def test_the_configuration_page_is_current():
     )
     for name in Settings.model_fields:
         assert f"| `SPECLANE_{name.upper()}` |" in page
+    assert "### Client limits\n" in page and "### Shared state\n" in page
 
 
 def test_markdown_rows(capsys: pytest.CaptureFixture[str]):

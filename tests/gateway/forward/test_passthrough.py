@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gateway.engines import vllm
 from gateway.forward.passthrough import (
     PerRequestReports,
     one_answer,
@@ -77,9 +78,9 @@ def test_who_passes_through() -> None:
     spec, standard = pool(PoolKind.SPECULATIVE), pool(PoolKind.STANDARD)
     assert passes_through("std", standard, reports, {})
     assert not passes_through("spec", spec, reports, {})  # nothing known yet
-    reports.saw("spec", {"speculative_decoding": {"num_draft_tokens": 0}})
+    reports.saw("spec", True)  # e.g. vLLM's metrics.speculative_decoding
     assert passes_through("spec", spec, reports, {})
-    reports.saw("spec", None)  # e.g. restarted without --per-request-spec-decode-metrics
+    reports.saw("spec", False)  # e.g. restarted without --per-request-spec-decode-metrics
     assert not passes_through("spec", spec, reports, {})
     assert passes_through("spec", spec, reports, {"n": 2})  # whatever the pool
     assert passes_through("s", pool(PoolKind.SPECULATIVE, True), reports, {})
@@ -104,10 +105,11 @@ def outcome(ttft: float | None = None, tpot: float | None = None) -> Outcome:
 
 def test_engine_timings_stand_in_where_the_gateway_saw_no_tokens() -> None:
     metrics = {"time_to_first_token_ms": 80.0, "queue_time_ms": 20.0, "mean_itl_ms": 12.5}
-    timed = engine_timed(outcome(), metrics)
+    timings = vllm.timings({"metrics": metrics})
+    timed = engine_timed(outcome(), timings)
     assert (timed.ttft_s, timed.tpot_s) == pytest.approx((0.1, 0.0125))
-    kept = engine_timed(outcome(0.3, 0.02), metrics)
+    kept = engine_timed(outcome(0.3, 0.02), timings)
     assert (kept.ttft_s, kept.tpot_s) == (0.3, 0.02)
-    assert engine_timed(outcome(), None) == outcome()
+    assert engine_timed(outcome(), vllm.timings({"metrics": None})) == outcome()
     nulls = {"time_to_first_token_ms": None, "mean_itl_ms": None}
-    assert engine_timed(outcome(), nulls) == outcome()
+    assert engine_timed(outcome(), vllm.timings({"metrics": nulls})) == outcome()

@@ -1,15 +1,29 @@
-"""The acceptance fold: each signal, from real vLLM chunk shapes."""
+"""The acceptance fold: each signal, from real vLLM chunk shapes; what an answer says of its
+own speculation read by its engine's module, as the dialects have it read."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 import pytest
 
+from gateway.engines import ENGINES
 from gateway.measure.acceptance import Fold, Labels, Signal, Status
 from tests.fakes import events
 
 SPEC = Labels("tiny", "r", "r / t<=0.3 / ctx<4k", "spec", k=4)
 STANDARD = Labels("tiny", "r", "r / t<=0.3 / ctx<4k", "standard", k=None)
+
+
+def usage(fold: Fold, counts: dict[str, Any], metrics: Any = None, **chunk: Any) -> None:
+    """A usage chunk (or any chunk): its usage, and what its engine reads of it."""
+    engine, answer = ENGINES.of(fold.labels.engine), {"metrics": metrics, **chunk}
+    timings = engine.timings(answer)
+    fold.usage(counts, timings.queue_s if timings is not None else None)
+    said = engine.evidence(answer)
+    if said is not None:
+        fold.evidence(said)
 
 
 def fold_stream(labels: Labels, payloads: list[bytes], *, drop_metrics: bool = False) -> Fold:
@@ -23,7 +37,7 @@ def fold_stream(labels: Labels, payloads: list[bytes], *, drop_metrics: bool = F
             if delta.get("content"):
                 fold.content(i * 0.01, chunk["choices"][0]["finish_reason"])
         else:
-            fold.usage(chunk["usage"], None if drop_metrics else chunk.get("metrics"))
+            usage(fold, chunk["usage"], None if drop_metrics else chunk.get("metrics"))
     return fold
 
 
@@ -55,7 +69,7 @@ def test_zero_draft_tokens_means_no_drafts_not_a_fall_back_to_chunks():
     for i in range(5):
         fold.content(i * 0.01)
     metrics = {"speculative_decoding": {"num_draft_tokens": 0, "num_accepted_draft_tokens": 0}}
-    fold.usage({"completion_tokens": 5, "prompt_tokens": 3}, metrics)
+    usage(fold, {"completion_tokens": 5, "prompt_tokens": 3}, metrics)
     outcome = fold.finish(Status.OK, 1.0)
     assert outcome.signal is Signal.PER_REQUEST and outcome.drafted == 0
     assert outcome.acceptance_rate is None and outcome.tokens_per_step == 1.0
@@ -66,7 +80,7 @@ def test_drafts_accepted_past_max_tokens_do_not_make_steps_vanish():
     # cut to 2 of its 5 tokens; vLLM's count keeps all 40 accepted drafts
     fold = Fold(SPEC, 0.0)
     spec = {"num_draft_tokens": 40, "num_accepted_draft_tokens": 40, "num_spec_steps": 10}
-    fold.usage({"completion_tokens": 48}, {"speculative_decoding": spec})
+    usage(fold, {"completion_tokens": 48}, {"speculative_decoding": spec})
     outcome = fold.finish(Status.OK, 1.0)
     assert outcome.steps == 10 and outcome.acceptance_rate == 1.0
 
@@ -78,7 +92,7 @@ def test_a_stream_shows_the_steps_the_per_request_figures_cannot():
     for i in range(8):  # prefill's chunk and one chunk per step
         fold.content(i * 0.01)
     spec = {"num_draft_tokens": 12, "num_accepted_draft_tokens": 10, "num_spec_steps": 3}
-    fold.usage({"completion_tokens": 16}, {"speculative_decoding": spec})
+    usage(fold, {"completion_tokens": 16}, {"speculative_decoding": spec})
     outcome = fold.finish(Status.OK, 1.0)
     assert outcome.signal is Signal.PER_REQUEST and outcome.steps == 7
 
@@ -130,14 +144,14 @@ def test_trtllm_says_its_tokens_per_step_on_the_answer():
     fold = Fold(labels, started_at=0.0)
     for i in range(6):
         fold.content(0.1 * (i + 1))
-    fold.tokens_per_iteration(2.5)
-    fold.usage({"completion_tokens": 30}, None)
+    usage(fold, {}, choices=[{"index": 0, "avg_decoded_tokens_per_iter": 2.5}])
+    usage(fold, {"completion_tokens": 30})
     outcome = fold.finish(Status.OK, 1.0)
     assert outcome.signal is Signal.PER_REQUEST
     assert outcome.steps == 11 and outcome.drafted == 0  # 30 / 2.5 = 12 iterations, 1 prefill
     fold = Fold(labels, started_at=0.0)
-    fold.answered([{"index": 0, "avg_decoded_tokens_per_iter": True}])  # not a number
-    fold.usage({"completion_tokens": 30}, None)
+    usage(fold, {}, choices=[{"index": 0, "avg_decoded_tokens_per_iter": True}])  # not a number
+    usage(fold, {"completion_tokens": 30})
     assert fold.finish(Status.OK, 1.0).signal is Signal.SPEED
 
 
@@ -148,6 +162,6 @@ def test_an_engine_without_draft_counts_has_its_zeros_ignored():
     fold = Fold(labels, started_at=0.0)
     for i in range(5):
         fold.content(0.1 * (i + 1))
-    fold.usage({"completion_tokens": 21}, zeros)
+    usage(fold, {"completion_tokens": 21}, zeros)
     outcome = fold.finish(Status.OK, 1.0)
     assert outcome.signal is Signal.CHUNKS and outcome.steps == 4  # 20 tokens in 4 chunks

@@ -55,7 +55,7 @@ def test_labels_stay_bounded_under_10000_tenants_and_tool_schemas(tmp_path: Path
     for i in range(TENANTS):
         tenant = f"tenant-{i:05d}"
         headers = {"x-speclane-tenant": tenant, "authorization": f"Bearer key-{tenant}"}
-        parsed, _ = schema.parse(orjson.dumps(request(i)), "chat")
+        parsed, _ = schema.parse(orjson.dumps(request(i)), schema.ChatRequest)
         features = classify(parsed, "/v1/chat/completions", headers, f"r{i}", services.defaults)
         decision = decide(features, policy, services.flags.values, services.stats.guards, 0.0)
         slices.add(decision.slice)

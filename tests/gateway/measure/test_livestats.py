@@ -3,6 +3,8 @@ bounded, and shared-mode proposals wait for the store."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -250,3 +252,24 @@ def test_increments_drained_for_the_store_are_restored_when_the_push_fails():
     assert stats.views.summary(3.0)[KEY]["pools"]["spec"]["requests"] == 3
     (active,) = stats.replica.active(0.0)
     assert (active.slice, active.epoch, active.pools) == (KEY, 0, ("spec",))
+
+
+def test_a_slices_probes_teach_it_what_they_prefill_above():
+    stats = LiveStats(lambda: POLICY)
+    for i in range(40):  # it falls back to standard
+        stats.record(outcome(0.1), 100.0 + i / 10)
+    assert stats.guards[KEY].offset == 1
+    now = outcome(0.9, epoch=stats.guards[KEY].version)
+    mirror = dataclasses.replace(
+        now,
+        labels=dataclasses.replace(now.labels, shadow=True, probe=True),
+        prompt_tokens=30_000,
+        cached_tokens=2_000,
+    )
+    stats.record(mirror, 105.0)
+    assert stats.slices.records[KEY].probe_prefill == 28_000.0
+    served = dataclasses.replace(
+        outcome(0.9, pool="standard", epoch=stats.guards[KEY].version), prompt_tokens=30_000
+    )
+    stats.record(dataclasses.replace(served, cached_tokens=29_000), 106.0)  # not a probe
+    assert stats.slices.records[KEY].probe_prefill == 28_000.0

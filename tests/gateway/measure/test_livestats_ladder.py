@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from gateway.measure.acceptance import Labels, Outcome, Signal, Status
 from gateway.measure.livestats import LiveStats
 from policies.compiled import load_policy
@@ -26,6 +28,10 @@ rules:
   - {name: default, start: standard}
 """
 )
+
+# CPU-bound: one worker runs these one after another, at a lower priority, with time to
+# spare (docs/development.md, "Tests in parallel")
+pytestmark = [pytest.mark.xdist_group("cpu"), pytest.mark.timeout(600)]
 LADDER = ("k7", "k3", "standard")
 K = {"k7": 7, "k3": 3, "standard": None}
 STEP_S = {"k7": 0.045, "k3": 0.035, "standard": 0.025}  # at batch 1; +3% per sequence
@@ -129,6 +135,7 @@ def test_a_slice_on_a_rung_it_never_ran_on_is_judged_by_carried_over_acceptance(
     assert near.numbers["tokens_per_step"] > 3.0  # k3 at a = 0.92, not one token a step
 
 
+@pytest.mark.long(7)
 def test_after_the_healing_the_slice_climbs_back_and_does_not_fall_on_old_probes():
     def acceptance(t: float) -> float:
         return 0.92 if t < 120 or t >= 600 else 0.02

@@ -3,6 +3,8 @@ from the endpoints' own counts; prompts prefilled beside a request."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from backends.pool import InFlight
@@ -119,3 +121,55 @@ def test_an_outcomes_own_prefill_stays_before_its_decode_span():
     load.prefill(URL, 24_000, first)  # the outcome's own, told at its first token
     load.prefill(URL, 100, first + PREFILL_WINDOW_S / 2)
     assert load.prefilled(URL, first, 20.0) < 24_000
+
+
+def test_the_cache_a_request_decoded_beside_is_what_the_others_held_meanwhile():
+    """Prompts held from their prefill to their outcome: a request's decode span reads the
+    mean cached tokens and the mean requests decoding (queued ones are in flight, not in
+    the batch)."""
+    clock = Clock()
+    load = meter(InFlight(clock))
+    load.prefill(URL, 1000, 0.0, "a")  # decodes 0-10
+    load.prefill(URL, 9000, 2.0, "b")  # decodes 2-6
+    load.release(URL, "b", 6.0)
+    load.prefill(URL, 500, 6.0, "c")  # ... and 6-10
+    load.release(URL, "missing", 7.0)  # never prefilled here: nothing changes
+    load.release(URL, "c", 10.0)
+    held = load.cached(URL, 0.0, 10.0)
+    assert held is not None
+    kv, batch = held
+    assert kv == pytest.approx((1000 * 10 + 9000 * 4 + 500 * 4) / 10)
+    assert batch == pytest.approx((10 + 4 + 4) / 10)
+    assert load.cached(URL, 10.0, 12.0) == pytest.approx((1000.0, 1.0))
+    load.release(URL, "a", 12.0)
+    assert load.cached(URL, 12.0, 14.0) == pytest.approx((0.0, 0.0))
+
+
+def test_an_outcome_carries_its_batch_and_cache_and_frees_its_prompt():
+    clock = Clock()
+    flight = InFlight(clock)
+    load = meter(flight)
+    load.sample(0.0)
+    load.prefill(URL, 12000, 0.5, "long")
+    load.prefill(URL, 200, 0.5, "own")
+    labels = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
+    labels = dataclasses.replace(labels, request_id="own")
+    outcome = Outcome(
+        labels=labels,
+        status=Status.OK,
+        started_at=0.0,
+        duration_s=6.0,
+        ttft_s=0.5,
+        tpot_s=0.05,
+        prompt_tokens=200,
+        completion_tokens=101,
+        chunks=41,
+        signal=Signal.PER_REQUEST,
+        steps=40,
+        decode_s=5.5,
+    )
+    clock.now = 6.0
+    load.sample(6.0)
+    loaded = loaded_outcome(load, outcome)
+    assert loaded.kv == pytest.approx(12200) and loaded.batch == pytest.approx(2.0)
+    assert load.cached(URL, 6.0, 7.0) == pytest.approx((12000.0, 1.0))  # its own freed

@@ -51,3 +51,16 @@ def exposed(registry: CollectorRegistry) -> list[str]:
     return [
         line for line in generate_latest(registry).decode().splitlines() if "_created" not in line
     ]
+
+
+def test_prune_removes_the_series_and_what_is_pending_for_them():
+    registry = CollectorRegistry()
+    counts = Counts(Counter("pruned", "doc", ["rule"], registry=registry))
+    counts.add(("gone",))
+    counts.add(("kept",))
+    counts.push()
+    counts.add(("gone",))  # recorded before the reload, pushed after it
+    counts.prune(lambda labels: labels[0] != "gone")
+    counts.push()
+    assert registry.get_sample_value("pruned_total", {"rule": "gone"}) is None
+    assert registry.get_sample_value("pruned_total", {"rule": "kept"}) == 1.0

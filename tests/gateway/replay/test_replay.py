@@ -19,6 +19,10 @@ from gateway.replay.run import replay
 from gateway.replay.scenario import ScenarioError, load_scenario
 from policies.compiled import load_policy
 
+# CPU-bound: one worker runs these one after another, at a lower priority, with time to
+# spare (docs/development.md, "Tests in parallel")
+pytestmark = [pytest.mark.xdist_group("cpu"), pytest.mark.timeout(600)]
+
 ROOT = Path(__file__).parents[3]
 BENCH = ROOT / "bench"
 POLICY = load_policy((BENCH / "policies" / "baseline.yaml").read_text())
@@ -149,14 +153,36 @@ max_num_seqs: 8
 traffic:
   - {name: code, workload: code, max_tokens: 8, prompt_tokens: 1000, clients: 1}
 """
-    roomy = replay(POLICY, load_scenario(long))
-    tight = replay(POLICY, load_scenario(long + "max_num_batched_tokens: 101\n"))
+    # on the affine model, whose fixed cost per step is what is counted (replay's default
+    # is the measured curve, whose floor depends on the tokens in the step)
+    roomy = replay(POLICY, load_scenario(long), cost=CostModel())
+    tight = replay(POLICY, load_scenario(long + "max_num_batched_tokens: 101\n"), cost=CostModel())
     one, chunked = roomy.rows[0], tight.rows[0]
     assert (one.pool, one.tokens) == (chunked.pool, chunked.tokens) == ("spec", 8)
     steps = (
         (chunked.done - chunked.arrival) - (one.done - one.arrival)
     ) / CostModel().target_fixed_s
     assert 9 <= round(steps) <= 11 and steps == pytest.approx(round(steps))  # one more per chunk
+
+
+def test_a_scenario_turns_the_simulated_prefix_cache_on():
+    """A class's requests are byte-identical: with ``prefix_caching`` every request after
+    the first finds its prompt cached and skips most of its prefill."""
+    text = """
+version: 1
+name: cached
+duration_s: 20
+traffic:
+  - {name: code, workload: code, max_tokens: 8, prompt_tokens: 4000, clients: 1}
+"""
+    cold = replay(POLICY, load_scenario(text))
+    warm = replay(POLICY, load_scenario(text + "prefix_caching: true\n"))
+
+    def latency(run, i):
+        return run.rows[i].done - run.rows[i].arrival
+
+    assert latency(warm, 0) == pytest.approx(latency(cold, 0))
+    assert latency(warm, 2) < 0.7 * latency(cold, 2)
 
 
 def test_cli_writes_a_summary_per_scenario(tmp_path, capsys):

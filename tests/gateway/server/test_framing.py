@@ -42,6 +42,20 @@ def test_tiny_chunks_cost_nothing_against_the_limit():
     assert _split(chunked, body, 4096) == (len(body), True) and chunked.extra == 2
 
 
+@pytest.mark.parametrize("step", [1, 2, 7, 64, 10_000])
+def test_chunks_of_every_small_size_end_where_they_end(step):
+    # data that holds line ends and what looks like size lines, upper- and lower-case sizes
+    sizes = [*range(1, 40), 15, 1, 1, 16, 255]
+    body = b"".join(
+        (f"{n:X}" if n % 2 else f"{n:x}").encode() + b"\r\n" + (b"\r\n0\r\n" * n)[:n] + b"\r\n"
+        for n in sizes
+    )
+    body += b"0\r\n\r\n"
+    chunked = Chunked()
+    assert _split(chunked, body + NEXT, step) == (len(body), True)
+    assert chunked.extra == 2
+
+
 def test_a_trailer_that_never_ends_is_all_extra():
     chunked = Chunked()
     assert chunked.take(b"0\r\nx-t: " + b"t" * 1000) == (1008, False)

@@ -16,7 +16,9 @@ REAL = Path(__file__).parents[2] / "vllm_fixtures"
 
 
 def test_real_vllm_pages_show_speculation_and_k():
-    assert facts.models((REAL / "models.json").read_bytes()) == facts.Models(("tiny",), "vllm")
+    assert facts.models((REAL / "models.json").read_bytes()) == facts.Models(
+        ("tiny",), "vllm", ("tiny/target",)
+    )
     standard = facts.vllm_page((REAL / "standard" / "metrics.txt").read_text())
     ngram = facts.vllm_page((REAL / "ngram" / "metrics.txt").read_text())
     assert (standard.speculates, standard.k) == (False, None)
@@ -42,7 +44,7 @@ def ngram_server(answered: str) -> Pages:
     metrics = (REAL / "ngram" / "metrics.txt").read_text()
     return Pages(
         "http://spec:8000",
-        facts.Models(("tiny",), "vllm"),
+        facts.Models(("tiny",), "vllm", ("tiny/target",)),
         version="0.32.0",
         metrics=metrics,
         metrics_after=metrics,

@@ -53,8 +53,16 @@ function timeline(key, slice, events, now) {
       items.length ? h("ol", { class: "events" }, items) : h("p", { class: "muted" }, "None kept.")));
 }
 
-function sliceCard(key, slice, events, now) {
+function splitWords(split) {
+  // a slice split by application: what it split by, its children's rungs, and why
+  const children = (split.children || []).map((c) => `${c.slice.slice(split.parent.length + 3)} on ${c.rung ?? "?"}`);
+  return `split by ${split.key}${split.pinned ? " (pinned)" : ""}: ${children.join(", ")}`;
+}
+
+function sliceCard(key, slice, events, now, splits) {
   const pools = Object.entries(slice.pools || {});
+  const split = splits[key];
+  const parent = Object.values(splits).find((s) => (s.children || []).some((c) => c.slice === key));
   return h("article", { class: `card slice ${slice.phase}`, "data-slice": key, "data-phase": slice.phase, "data-rung": slice.rung ?? "" },
     h("h3", null, chip(slice.phase), " ", h("span", { class: "key" }, key)),
     h("p", { class: "meta" },
@@ -63,7 +71,9 @@ function sliceCard(key, slice, events, now) {
       slice.start ? h("span", null, `starts on ${slice.start}`) : null,
       slice.requests_per_s !== undefined ? h("span", null, `${num(slice.requests_per_s)} req/s`) : null,
       slice.since ? h("span", null, `since ${ago(slice.since)}`) : null,
-      slice.window_s ? h("span", { class: "muted" }, `window ${num(slice.window_s)} s`) : null),
+      slice.window_s ? h("span", { class: "muted" }, `window ${num(slice.window_s)} s`) : null,
+      split ? h("span", { class: "split", title: split.why }, splitWords(split)) : null,
+      parent ? h("span", { class: "split", title: parent.why }, `split from ${parent.parent} by ${parent.key}`) : null),
     pools.length ? table(pools, ["requests", "measured", "acceptance"], "pool") : h("p", { class: "muted" }, "No evidence in the window."),
     timeline(key, slice, events, now),
     extras(slice, SLICE_KNOWN));
@@ -76,7 +86,7 @@ export function renderSlices(stats, guardrail) {
   slices.sort(([ka, a], [kb, b]) =>
     (RANK[a.phase] ?? 2) - (RANK[b.phase] ?? 2) || (b.requests_per_s ?? 0) - (a.requests_per_s ?? 0) || ka.localeCompare(kb));
   fill($("slices"), slices.length
-    ? slices.map(([key, slice]) => sliceCard(key, slice, events, now))
+    ? slices.map(([key, slice]) => sliceCard(key, slice, events, now, stats?.splits || {}))
     : h("p", { class: "muted" }, "No traffic yet: a slice appears with its first request."));
 }
 

@@ -87,12 +87,38 @@ function setDraft(text) {
   gutter();
 }
 
+// A request body of each API to explain, until one is typed in: what the endpoint menu
+// offers, the model the running policy serves in place of MODEL.
+const ASK = "Extract the fields as JSON";
+const FIELDS = { type: "object", properties: { name: { type: "string" } }, required: ["name"] };
+const SAMPLES = {
+  chat: { model: "MODEL", messages: [{ role: "user", content: ASK }], temperature: 0.1, response_format: { type: "json_object" } },
+  completions: { model: "MODEL", prompt: "def add(a, b):", temperature: 0, max_tokens: 64 },
+  messages: { model: "MODEL", max_tokens: 256, messages: [{ role: "user", content: ASK }], temperature: 0.1 },
+  responses: { model: "MODEL", input: ASK, temperature: 0.1, text: { format: { type: "json_schema", name: "fields", schema: FIELDS } } },
+};
+let model = "MODEL";
+let offered = "";  // the sample last put in the box: replaced when the endpoint changes
+
+function sample(endpoint) {
+  return JSON.stringify({ ...SAMPLES[endpoint], model });
+}
+
+function offer(endpoint) {
+  const box = $("sample");
+  if (box.value.trim() && box.value !== offered) return;  // the operator's own: kept
+  box.value = offered = sample(endpoint);
+}
+
 export function renderPolicy(src, policy) {
   source = src;
   fill($("running"), running(policy));
   if (!$("draft").value) setDraft(src.text ?? "");
-  const model = Object.keys(policy?.ladders || {})[0];
-  if (model && $("sample").value.includes('"MODEL"')) $("sample").value = $("sample").value.replace('"MODEL"', JSON.stringify(model));
+  const served = Object.keys(policy?.ladders || {})[0];
+  if (served && model !== served) {
+    model = served;
+    offer($("sample-endpoint").value);
+  }
 }
 
 const DECISION = ["rule", "slice", "pool", "rung", "start", "rungs", "reason", "shadow_to", "probe", "flags"];
@@ -173,6 +199,8 @@ export function setupPolicy() {
   $("from-running").addEventListener("click", () => setDraft(source?.text ?? ""));
   $("lint").addEventListener("click", guard(lintDraft));
   $("explain").addEventListener("click", guard(explainBoth));
+  $("sample-endpoint").addEventListener("change", () => offer($("sample-endpoint").value));
+  offer($("sample-endpoint").value);
   $("apply").addEventListener("click", guard(apply));
   gutter();
 }

@@ -1,0 +1,77 @@
+"""A pool's step time from its engine's own counters, where it has them: every endpoint's
+step is observed between two readings of its metrics page, without a request of the
+gateway's own (``loadscrape.py`` reads the page; ``steptimes.py`` learns from it). Pure.
+
+vLLM 0.32 (``tests/vllm_fixtures/*/metrics.txt``) counts its engine steps in the histogram
+``vllm:iteration_tokens_total`` (one observation per step: the prompt and generated tokens
+it scheduled; ``_count`` the steps, ``_sum`` the tokens), its prompt tokens in
+``vllm:prompt_tokens_total`` and its batch in the gauge ``vllm:num_requests_running``. An
+engine steps back to back while it runs anything, so between two readings at which it ran
+requests its mean step is the time between them over the steps counted, at about the mean
+of the two batches, with the prompt tokens counted meanwhile prefilled beside them. Its
+per-token time histograms (``vllm:inter_token_latency_seconds``,
+``vllm:request_time_per_output_token_seconds``) mix the steps of every request with its
+accepted tokens and are not read. Summed over engines and label sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+STEPS = "vllm:iteration_tokens_total"
+PROMPT = "vllm:prompt_tokens"
+RUNNING = "vllm:num_requests_running"
+MIN_STEPS = 3.0  # fewer steps between readings say too little
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """One reading of an engine's page: when, its steps and the tokens they scheduled so
+    far, its prompt tokens so far, and the requests it runs now."""
+
+    at: float
+    steps: float
+    tokens: float
+    prompt_tokens: float
+    running: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """An engine's mean step between two readings: ``seconds`` per step, over ``steps``
+    steps, at ``batch`` requests running and ``prefill`` prompt tokens per step."""
+
+    seconds: float
+    steps: float
+    batch: float
+    prefill: float
+
+
+def reading(text: str, at: float) -> EngineReading | None:
+    """The counters of one vLLM metrics page; None when it has no step histogram."""
+    steps = tokens = prompt = running = 0.0
+    seen = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{STEPS}_count":
+                steps, seen = steps + sample.value, True
+            elif sample.name == f"{STEPS}_sum":
+                tokens += sample.value
+            elif sample.name == f"{PROMPT}_total":
+                prompt += sample.value
+            elif sample.name == RUNNING:
+                running += sample.value
+    return EngineReading(at, steps, tokens, prompt, running) if seen else None
+
+
+def between(before: EngineReading, after: EngineReading) -> EngineStep | None:
+    """The mean step between two readings of one engine; None unless it ran requests at
+    both (it may have idled between otherwise), counted enough steps, and did not restart."""
+    dt, steps = after.at - before.at, after.steps - before.steps
+    if dt <= 0 or steps < MIN_STEPS or before.running < 1 or after.running < 1:
+        return None
+    prompt = max(after.prompt_tokens - before.prompt_tokens, 0.0)
+    batch = (before.running + after.running) / 2.0
+    return EngineStep(dt / steps, steps, batch, prompt / steps)
