@@ -1,8 +1,9 @@
 """Replay and live decide alike: ``bench/parity.py`` on a short surge, the real gateway in
 front of simulators at a quarter of real time against ``speclane replay`` of the same
 scenario and policy. The scenario's long summaries run on the standard pool, so the
-prefills sharing its steps are in both runs; chat must leave speculation in the surge and
-come back after it, in both, at about the same times."""
+prefills sharing its steps are in both runs; chat must leave speculation in the surge, in
+both, at about the same time, and whatever either run does after it the other must do too
+(unless it comes so near the end that the other had no time left)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ def test_moves_leave_out_probing_and_the_verdict_holds_both_bounds():
     assert not late.ok and "+47.0 s apart" in late.problems[0]
     never = compare(replayed, _summary(1.09), 30, 0.03)
     assert never.problems == (f"{CHAT}: move 1 only in replay", "adaptive / oracle 0.070 apart")
+
+
+def test_a_move_the_other_run_had_no_time_left_to_make_is_not_a_difference():
+    fell = (93.0, "on/0", "fallen_back/1")
+    replayed = _summary(1.02, fell)
+    back_late = _summary(1.02, (100.0, "on/0", "fallen_back/1"), (297.0, "fallen_back/1", "on/0"))
+    assert compare(replayed, back_late, 30, 0.03, ends_at=320.0).ok
+    back_sooner = _summary(1.02, (100.0, "on/0", "fallen_back/1"), (280.0, "fallen_back/1", "on/0"))
+    verdict = compare(replayed, back_sooner, 30, 0.03, ends_at=320.0)
+    assert verdict.problems == (f"{CHAT}: move 2 only in live",)
 
 
 @pytest.mark.long(100)
