@@ -45,6 +45,7 @@ class SliceRecord:
     context: float | None = None  # its requests' mean cached tokens (judged at its context)
     probe_prefill: float | None = None  # its probes' mean uncached prompt tokens, above
     ttft: dict[tuple[str, bool], deque[tuple[float, float]]] = field(default_factory=dict)
+    split_at: float = float("-inf")  # it split then: first tokens before mixed in children
 
     @property
     def window_epoch(self) -> int:
@@ -83,8 +84,9 @@ class SliceRecord:
         """The median time to first token of the slice's newest requests on ``pool`` within
         the window and from ``since`` on (at most ``TTFT_KEPT``), and how many; None under
         ``min_samples``. With ``carried`` set, only the requests the pool served as the
-        slice's rung (True) or only the others (False); without it, the newest of both."""
-        oldest = max(now - self.window_s, since)
+        slice's rung (True) or only the others (False); without it, the newest of both.
+        Never from before the slice split (``split_at``): those mixed in its children's."""
+        oldest = max(now - self.window_s, since, self.split_at)
         kinds = (True, False) if carried is None else (carried,)
         kept = [x for kind in kinds for x in self.ttft.get((pool, kind), ())]
         newest = sorted(kept, reverse=True)[:TTFT_KEPT]

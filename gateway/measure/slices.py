@@ -101,7 +101,8 @@ class Slices:
         the one known: children made (``seed``) or dropped, and logged unless ``logged``
         is False (another replica's split, pulled). True when it changed.
         A slice that splits keeps its state, but what it saw before stops counting as its
-        evidence (``fresh``): it mixed in the children, and the parent is now the rest."""
+        evidence (``fresh``, and ``split_at`` for its first tokens): it mixed in the
+        children, and the parent is now the rest."""
         before = self.split_versions.get(split.parent)
         if before is not None and before.version >= split.version:
             return False
@@ -114,6 +115,7 @@ class Slices:
         if split.live and parent is not None and (before is None or not before.live):
             for pool in parent.windows.keys() | parent.remote.keys():
                 parent.fresh[pool] = now  # what it saw mixed the children in: not its own
+            parent.split_at = now
         if split.live and self.seed is not None:
             self.seed(split, now)
         self.splits = MappingProxyType({k: s for k, s in self.split_versions.items() if s.live})

@@ -225,6 +225,18 @@ def test_an_answer_decided_before_the_split_is_its_childs_evidence() -> None:
     assert (child.requests(121.0), parent.requests(121.0)) == (before[0] + 1, before[1])
 
 
+def test_the_rest_of_a_split_slice_forgets_its_first_tokens_from_before() -> None:
+    """The pooled rest is judged on its own first tokens: the times from before the split
+    were mostly its children's (a long-prompt template's slow first tokens held a whole
+    slice down until they left the window)."""
+    compiled = policy()
+    stats, _ = run(compiled, opposite, alternate, until=120)
+    (split,) = stats.splits.values()
+    parent = stats.slices.records[split.parent]
+    assert any(at < split.since for kept in parent.ttft.values() for at, _ in kept)
+    assert parent.ttft_p50("spec", 121.0, 1) is None
+
+
 def test_a_split_child_is_judged_on_its_inherited_evidence_at_once() -> None:
     compiled = policy()
     stats, _ = run(compiled, opposite, alternate, until=120)
