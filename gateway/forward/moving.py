@@ -5,8 +5,10 @@ slice's conversations are like; changes nothing but the decision it returns.
 
 Only a request whose conversation an endpoint of another pool of its ladder was sent is
 priced: a new conversation follows the rung at once, and so do
-a pinned request, a probe, an experiment's request and one whose cached pool has no
-endpoint in service.
+a pinned request, a probe sent up the ladder, an experiment's request and one whose cached
+pool has no endpoint in service. A request that carries a mirrored probe of the rung above
+is priced like the rest: kept on the pool the probe is for, it is the probe itself, served
+on its warm cache, and no mirror re-prefills its conversation there.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def keep_or_move(
     """The decision, kept on the pool that holds the conversation when moving costs more
     than it saves; what happened (None: nothing to price) and the pool it was held on."""
     held = _held_by_pool(affinity, pools)
-    if not held or decision.probe or decision.arm:
+    mirrored = decision.shadow_to is not None and decision.shadow_to != decision.pool
+    if not held or (decision.probe and not mirrored) or decision.arm:
         return decision, None, ""
     old, blocks = max(held.items(), key=lambda item: item[1])
     if old == decision.pool or old not in decision.rungs or not pools.healthy(old):
@@ -90,6 +93,8 @@ def keep_or_move(
         return dataclasses.replace(decision, reason=f"{decision.reason}; {price.reason}"), how, old
     rungs = (old, *(r for r in decision.rungs if r != old))
     kept = dataclasses.replace(decision, pool=old, rungs=rungs, reason=price.reason)
+    if decision.probe and old == decision.shadow_to:  # served where the probe looks
+        kept = dataclasses.replace(kept, shadow_to=None, shadow_tokens=None)
     return kept, Moved.KEPT, old
 
 

@@ -425,6 +425,15 @@ class _Driver:
         pending.replica.prefilled(served.endpoint, pending.prompt_tokens, now, str(served.key))
         self._unqueued(pending, served.endpoint)
 
+    def _shows_cached(self, pending: _Pending) -> bool:
+        """Whether the answer says what the prefix cache held, as the simulators do live
+        (``bench/live_scenarios.py``): Messages and Responses always, chat and completions
+        where the scenario has conversations (``--enable-prompt-tokens-details``)."""
+        traffic = self.scenario.traffic
+        if any(t.session is not None for t in traffic):
+            return True
+        return pending.traffic >= 0 and traffic[pending.traffic].api in ("messages", "responses")
+
     def _unqueued(self, pending: _Pending, endpoint: str) -> None:
         queue = pending.replica.prefilling
         queue[endpoint] = queue.get(endpoint, 0) - pending.prefill
@@ -446,7 +455,7 @@ class _Driver:
         row.load = max(1.0, mean / self.n_endpoints)
         row.endpoint, row.first = served.endpoint, served.first
         row.prompt_tokens, row.cached = served.prompt_tokens, served.cached_tokens
-        outcome = _outcome(pending.labels, served, pending.reports)
+        outcome = _outcome(pending.labels, served, pending.reports, self._shows_cached(pending))
         row.measured = outcome.tokens_per_step
         pending.replica.record(outcome, served.done, str(served.key))
         self.replay.rows.append(row)
@@ -489,9 +498,10 @@ def _mirror(decision: Decision) -> Decision:
     )
 
 
-def _outcome(labels: Labels, served: Served, reports: bool = True) -> Outcome:
+def _outcome(labels: Labels, served: Served, reports: bool = True, cached: bool = False) -> Outcome:
     """The outcome the gateway's fold makes of this answer, streamed at one chunk per step;
-    with ``reports``, the answer says its speculative counts too."""
+    with ``reports``, the answer says its speculative counts too, and with ``cached`` the
+    prompt tokens its endpoint's prefix cache held."""
     fold = Fold(labels, served.arrival)
     for at in _chunk_times(served):
         fold.content(at)
@@ -510,7 +520,12 @@ def _outcome(labels: Labels, served: Served, reports: bool = True) -> Outcome:
                 ),
             }
         }
-    usage = {"completion_tokens": served.completion_tokens, "prompt_tokens": served.prompt_tokens}
+    usage: dict[str, Any] = {
+        "completion_tokens": served.completion_tokens,
+        "prompt_tokens": served.prompt_tokens,
+    }
+    if cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": served.cached_tokens}
     fold.usage(usage)
     said = ENGINES.of(labels.engine).evidence({"metrics": metrics})  # as its engine reads it
     if said is not None:

@@ -1,7 +1,8 @@
 """A cached conversation whose slice is now served on another pool: kept where its cache is
 when moving costs more than it saves (the decision's pool, rungs and reason say so), moved
-when it pays, and left alone when it is new, a probe, an experiment's, or cached on a pool
-that is out of the ladder or of service."""
+when it pays, and left alone when it is new, a probe sent up the ladder, an experiment's, or
+cached on a pool that is out of the ladder or of service. A request carrying a mirrored
+probe is priced like the rest."""
 
 from __future__ import annotations
 
@@ -87,3 +88,23 @@ def test_what_is_new_probing_or_in_an_experiment_follows_the_decision():
     assert decide({STD: 120})[1] is None  # already where its cache is
     off_ladder = dataclasses.replace(FALLEN, rungs=("standard",))
     assert decide({SPEC: 120}, off_ladder)[1] is None
+
+
+SHORT_PROBE = dataclasses.replace(
+    FALLEN, reason="short probe of spec", shadow_to="spec", shadow_tokens=16, probe=True
+)
+
+
+def test_a_request_carrying_a_short_probe_kept_where_it_is_cached_is_the_probe():
+    """Not priced, it went to the standard pool cold, re-prefilling its whole history, and
+    a mirror prefilled it again on spec beside it."""
+    decision, how, _ = decide({SPEC: 120}, SHORT_PROBE)
+    assert how is Moved.KEPT and decision.pool == "spec" and decision.probe
+    assert decision.shadow_to is None and decision.shadow_tokens is None
+
+
+def test_a_request_carrying_a_short_probe_that_moves_keeps_its_mirror():
+    prices = Priced({"spec": 0.05, "standard": 0.01}, {"standard": 0.0003})
+    decision, how, _ = decide({SPEC: 120}, SHORT_PROBE, prices=prices, turns=40)
+    assert how is Moved.MOVED and decision.pool == "standard"
+    assert (decision.shadow_to, decision.shadow_tokens) == ("spec", 16)

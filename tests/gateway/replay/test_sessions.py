@@ -10,13 +10,15 @@ import orjson
 import pytest
 
 from backends.sim.agents import chat_of
+from backends.sim.cluster import Served
 from backends.sim.prefix import prompt_hashes
-from backends.sim.workload import estimate_prompt_tokens
+from backends.sim.workload import Workload, estimate_prompt_tokens
 from gateway import schema
 from gateway.apis import named
 from gateway.classify import Defaults, classify
+from gateway.measure.acceptance import Labels
 from gateway.replay.bodies import Talk
-from gateway.replay.run import replay
+from gateway.replay.run import _outcome, replay
 from gateway.replay.scenario import Session, Traffic, load_scenario
 from policies.compiled import load_policy
 
@@ -135,3 +137,14 @@ def test_replayed_sessions_run_to_their_end_each_turn_where_its_cache_is():
         on_spec = [(e, cached) for _, _, e, cached in turns if e.startswith("spec#")]
         assert len({e for e, _ in on_spec}) == 1  # light load: one endpoint throughout
         assert all(cached > 0 for _, cached in on_spec[1:])
+
+
+def test_a_replayed_answer_says_what_was_cached_where_the_live_simulator_would():
+    """The guardrail prices a probe's prefill by what its answers said was cached, live; a
+    replay that left it out never learned it."""
+    served = Served(1, "spec", "spec#0", 0.0, Workload.TOOLS, 0.8, 9000, 4, cached_tokens=8800)
+    served.first, served.last, served.done = 1.0, 2.0, 2.0
+    served.completion_tokens, served.chunks, served.steps = 40, 20, 20
+    labels = Labels("m", "agents", "agents / s", "spec", 4, probe=True)
+    assert _outcome(labels, served, cached=True).cached_tokens == 8800
+    assert _outcome(labels, served, cached=False).cached_tokens is None
