@@ -125,11 +125,11 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
     the speculative pool, so when acceptance returns (greedy requests after sampled ones, in
     one slice: no temperature bands) the slice comes back within a bounded number of
     requests, whoever the client is. The thresholds lie between the tiny draft's measured
-    acceptances, each about twice away: 0.02-0.05 on poems sampled at temperature 1.5, and
-    0.14-0.17 on greedy class headers (at temperature 1 the poems' reach 0.08-0.13, too close
-    to the greedy code's to tell the two apart in a few samples)."""
+    acceptances: 0.06-0.14 on poems sampled at temperature 1.5 (0.09-0.11 over four), and
+    0.17-0.26 on greedy prompts that repeat their own lines (0.20-0.24 over four). Greedy
+    class headers (0.14-0.17) sit too close to the poems to tell apart in a few samples."""
     guardrail = (
-        "mode: threshold, min_acceptance: 0.07, recover_above: 0.09, min_samples: 4, "
+        "mode: threshold, min_acceptance: 0.14, recover_above: 0.16, min_samples: 4, "
         "cooldown_s: 2, probe_fraction: 0.25"
     )
     text = policy(stack, "draft", guardrail) + "slices: {temperature: []}\n"
@@ -139,7 +139,10 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
         fell = gateway.admin("/admin/guardrail")["events"]  # type: ignore[index]
         assert [e["to"]["phase"] for e in fell] == ["fallen_back"], (first, fell)
         time.sleep(2.5)  # the cooldown
-        greedy = [f"class Parser{i}(object):\n    def __init__(self" for i in range(80)]
+        greedy = [
+            f"Repeat exactly:\nclass Point{i}:\n    x = {i}\nclass Point{i}:\n    x = {i}\n"
+            for i in range(80)
+        ]
         pools = served_pools(gateway, stack.model, greedy, temperature=0.0)
         events = gateway.admin("/admin/guardrail")["events"]  # type: ignore[index]
     phases = [e["to"]["phase"] for e in events]
