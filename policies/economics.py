@@ -13,7 +13,10 @@ log cost ratio is ``log t_up - log t_down + log p_up - log p_down - log L_up + l
 Confidence: the variance of that log ratio adds the step-time fits' variances and the
 variance of each measured ``log L``: the dispersion of per-request tokens per step in the
 span (pooled with a prior of 30% over 3 pseudo-requests, so three requests that happen to
-agree do not look certain) over the number of requests. The ratio is judged on
+agree do not look certain) over the number of requests. A slice's own dispersion was
+measured on its requests; a span of shorter ones (short probes of a few tokens) varies more
+per request, by the ratio of their sizes, for a request's tokens per step is a mean over
+fewer steps. The ratio is judged on
 the newest ``min_samples`` requests first, then on the newest 4x, 16x and all in the
 window: the shortest span that is confident decides, so recent evidence outweighs old (a
 collapse shows within a few requests; so does a healing seen by probes), and a slice near
@@ -80,10 +83,20 @@ class Rung:
     spans: tuple[Tally, ...] = ()
     transferred: bool = False
     dispersion: float | None = None
+    dispersion_tokens: float | None = None  # the mean request it was measured on
 
     @property
     def prior_dispersion(self) -> float:
         return PRIOR_DISPERSION if self.dispersion is None else self.dispersion
+
+    def dispersion_of(self, tally: Tally) -> float:
+        """The dispersion of one of ``tally``'s requests: the slice's own, scaled up where
+        they are shorter than the requests it was measured on."""
+        spread = _pooled(tally, self.prior_dispersion)
+        size = tally.tokens / tally.n if tally.n else 0.0
+        if self.dispersion is None or not self.dispersion_tokens or size <= 0:
+            return spread
+        return spread * max(self.dispersion_tokens / size, 1.0)
 
     @property
     def extra_var(self) -> float:
@@ -135,7 +148,7 @@ def dispersion(spans: tuple[Tally, ...]) -> float | None:
     """What a slice's requests on one pool say of their own dispersion: its longest span's,
     pooled with the generic prior, when that is the smaller; the prior of its shorter spans
     (``Rung.dispersion``). A slice whose requests agree closely is judged on a few of its
-    newest (one probe of a healing can be enough); a slice that varies more, or a window
+    newest (one whole probe of a healing can be enough); a slice that varies more, or a window
     that mixes two regimes, is judged as cautiously as one never seen."""
     if not spans or spans[-1].n < PRIOR_WEIGHT:
         return None
@@ -212,7 +225,7 @@ def judge(
         if other.k is not None and not other.spans and subject.k is not None:
             # carried over from the subject: from the same requests, not its whole window
             fixed = _carried(other, subject, tally) or fixed
-        spread = _pooled(tally, subject.prior_dispersion)
+        spread = subject.dispersion_of(tally)
         var = subject.step.log_var + spread / tally.n + subject.extra_var + fixed.log_var
         if subject.k is None:
             per_step, var = 1.0, subject.step.log_var + fixed.log_var

@@ -351,21 +351,26 @@ def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
     cached). So a quiet slice hears of a healing within about ten of its requests, for a
     few percent of its cost while the rung above stays dear, where its live probes alone
     would take a hundred. Requests are drawn at random, so the gaps between
-    probes vary; a probe overdue (``since_probe`` past the gap the share means) raises the
-    share in proportion until one comes, beyond the budget, which holds on average. Two
-    significant digits, as ``probe_share``."""
+    probes vary; a probe overdue (``since_probe`` past the gap of the share it is owed)
+    raises the share in proportion until one comes. It is owed what the budget buys, or
+    more where the probe is cheap for its prefill: the wanted share times the decode's part
+    of the probe's cost. A short prompt's probe is owed the whole wanted share, beyond the
+    budget, which holds on average; a long prompt's, whose probe is mostly a cold prefill,
+    little more than the budget buys. Two significant digits, as ``probe_share``."""
     if config.recovery_budget <= 0 or seen.rate <= 0:
         return 0.0
     wanted = min(1.0 / HEAR_WITHIN, 1.0 / (seen.rate * HEAR_EVERY_S))
     if wanted <= live:
         return 0.0
-    gap = 1.0 / (seen.rate * wanted)
-    if seen.since_probe is not None and seen.since_probe > gap:
-        overdue = min(wanted * seen.since_probe / gap, MAX_PROBE_SHARE) - live
-        return max(float(f"{overdue:.2g}"), 0.0)
     part = min(config.probe_tokens / seen.tokens, 1.0) if seen.tokens else 1.0
-    cost = max(part * _last_ratio(seen) + (seen.prefill or 0.0), 1e-9)
+    decode = part * _last_ratio(seen)
+    cost = max(decode + (seen.prefill or 0.0), 1e-9)
     share = min(wanted - live, config.recovery_budget / cost, MAX_PROBE_SHARE - live)
+    owed = min(max(live + share, wanted * min(decode / cost, 1.0)), wanted)
+    gap = 1.0 / (seen.rate * owed)
+    if seen.since_probe is not None and seen.since_probe > gap:
+        overdue = min(owed * seen.since_probe / gap, MAX_PROBE_SHARE) - live
+        return max(float(f"{overdue:.2g}"), 0.0)
     return max(float(f"{share:.2g}"), 0.0)
 
 

@@ -89,7 +89,10 @@ class Judge:
             above = judge(rungs[serving - 1], rungs[serving], min_samples=n, confidence=confidence)
             if entry.state.phase is Phase.PROBING and entry.probes:
                 fresh = self._rung(entry, ladder, serving - 1, load, _PROBE_SPANS, config, now)
-                fresh = replace(fresh, dispersion=rungs[serving - 1].dispersion)
+                own = rungs[serving - 1]
+                fresh = replace(
+                    fresh, dispersion=own.dispersion, dispersion_tokens=own.dispersion_tokens
+                )
                 probes = judge(
                     fresh, rungs[serving], min_samples=1, confidence=confidence, max_n=entry.probes
                 )
@@ -174,7 +177,8 @@ class Judge:
         price = policy.price(pool)
         per_second = price / 3600.0 if price is not None and None not in prices else 1.0
         spread = None if transferred else dispersion(tallies)
-        return Rung(pool, k, per_second, step, tallies, transferred, spread)
+        size = tallies[-1].tokens / tallies[-1].n if spread is not None else None
+        return Rung(pool, k, per_second, step, tallies, transferred, spread, size)
 
     def _tallies(
         self, entry: SliceRecord, pool: str, k: int | None, targets: tuple[int, ...], now: float

@@ -67,6 +67,23 @@ def test_a_long_conversations_short_probes_pay_their_prefill_from_the_recovery_b
     assert probe_share(busy_long, CONFIG) == probe_share(busy, CONFIG)
 
 
+def test_an_overdue_probe_is_owed_more_than_the_budget_only_where_it_is_cheap():
+    """Past the gap of one probe in ten requests a short prompt's slice raises its share
+    until a probe comes; a long conversation's probe is mostly a cold prefill, so its slice
+    waits for the gap of what the budget buys (or a little more), not one of ten."""
+    short = Economics(above=dear(1.6), rate=0.05, tokens=48.0, since_probe=300.0)
+    assert recovery_share(short, CONFIG, live=0.0) == pytest.approx(0.15)  # 200 s overdue
+    # a probe of 16 tokens of 48 at 1.6 (0.53 of a request) and 5 requests' prefill
+    long = Economics(above=dear(1.6), rate=0.05, tokens=48.0, prefill=5.0, since_probe=300.0)
+    budget = CONFIG.recovery_budget / (16 / 48 * 1.6 + 5.0)
+    assert recovery_share(long, CONFIG, live=0.0) == pytest.approx(budget, rel=0.02)
+    owed = 0.1 * (16 / 48 * 1.6) / (16 / 48 * 1.6 + 5.0)  # the wanted share's decode part
+    late = Economics(
+        above=dear(1.6), rate=0.05, tokens=48.0, prefill=5.0, since_probe=1.5 / (0.05 * owed)
+    )
+    assert recovery_share(late, CONFIG, live=0.0) == pytest.approx(1.5 * owed, rel=0.05)
+
+
 def test_probing_says_its_short_mirrors_and_a_short_probe_is_decided_as_such():
     fallen = SliceState(1, Phase.FALLEN_BACK, 0.0, 1)
     seen = Economics(above=dear(1.6), rate=1 / 3, tokens=192.0)
@@ -118,6 +135,22 @@ def test_a_slice_whose_requests_agree_is_judged_on_fewer_of_them():
     )
     assert generic is not None and own is not None
     assert generic.verdict == 0 and own.verdict == 1  # one healed probe is enough
+
+
+def test_a_short_probe_says_less_than_a_whole_request():
+    """The slice's requests of 100 tokens agree closely; one probe of 16 tokens is a mean
+    over five steps, and a lucky one must not bring the slice back alone."""
+    whole = _tally(3.3, 40, 0.03)
+    steady = dispersion((_tally(3.3, 1, 0.0), whole))
+    short = Tally(1, 16, 16 / 3.3, 256, (16 / 3.3) ** 2, 16 * 16 / 3.3)
+    probed = Rung("spec", 4, 1.0, SPEC_STEP, (short,), dispersion=steady, dispersion_tokens=100)
+    judged = judge(probed, STANDARD, min_samples=1, confidence=0.999)
+    assert judged is not None and judged.verdict == 0
+    assert judged.ratio == pytest.approx(0.052 / 3.3 / 0.028)
+    two = Tally(2, 200, 200 / 3.3, 2e4, 2 * (100 / 3.3) ** 2, 2 * 100 * 100 / 3.3)
+    whole_probes = Rung("spec", 4, 1.0, SPEC_STEP, (two,), dispersion=steady, dispersion_tokens=100)
+    judged = judge(whole_probes, STANDARD, min_samples=1, confidence=0.999)
+    assert judged is not None and judged.verdict == 1
 
 
 def test_older_requests_do_not_decide_against_the_newest():
