@@ -364,7 +364,9 @@ async def test_a_body_of_a_million_one_byte_chunks_is_read_whole_and_in_order(tm
         writer.close()
     assert [status for status, _ in answers] == [200, 200] and others == [200] * 6
     assert orjson.loads(answers[1][1])["status"] == "ok"  # the pipelined /healthz, second
-    assert [len(r.get("padding", "")) for r in fake.received].count(1_000_000) == 1
+    # whole wherever it went (a mirror the gateway sends to learn may come beside it)
+    padded = [len(r["padding"]) for r in fake.received if "padding" in r]
+    assert padded and set(padded) == {1_000_000}
 
 
 HEALTH = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
