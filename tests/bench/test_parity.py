@@ -51,8 +51,8 @@ def test_a_move_the_other_run_had_no_time_left_to_make_is_not_a_difference():
     assert verdict.problems == (f"{CHAT}: move 2 only in live",)
 
 
-@pytest.mark.long(100)
-@pytest.mark.timeout(600)  # its replay is CPU-bound: slower beside the rest of the suite
+@pytest.mark.alone  # its live run needs the machine's CPU (docs/development.md)
+@pytest.mark.timeout(600)
 def test_a_short_surge_decides_alike_in_replay_and_live():
     command = [
         sys.executable,
