@@ -425,15 +425,6 @@ class _Driver:
         pending.replica.prefilled(served.endpoint, pending.prompt_tokens, now, str(served.key))
         self._unqueued(pending, served.endpoint)
 
-    def _shows_cached(self, pending: _Pending) -> bool:
-        """Whether the answer says what the prefix cache held, as the simulators do live
-        (``bench/live_scenarios.py``): Messages and Responses always, chat and completions
-        where the scenario has conversations (``--enable-prompt-tokens-details``)."""
-        traffic = self.scenario.traffic
-        if any(t.session is not None for t in traffic):
-            return True
-        return pending.traffic >= 0 and traffic[pending.traffic].api in ("messages", "responses")
-
     def _unqueued(self, pending: _Pending, endpoint: str) -> None:
         queue = pending.replica.prefilling
         queue[endpoint] = queue.get(endpoint, 0) - pending.prefill
@@ -455,7 +446,8 @@ class _Driver:
         row.load = max(1.0, mean / self.n_endpoints)
         row.endpoint, row.first = served.endpoint, served.first
         row.prompt_tokens, row.cached = served.prompt_tokens, served.cached_tokens
-        outcome = _outcome(pending.labels, served, pending.reports, self._shows_cached(pending))
+        cached = self.scenario.shows_cached(pending.traffic)
+        outcome = _outcome(pending.labels, served, pending.reports, cached)
         row.measured = outcome.tokens_per_step
         pending.replica.record(outcome, served.done, str(served.key))
         self.replay.rows.append(row)
@@ -500,8 +492,7 @@ def _mirror(decision: Decision) -> Decision:
 
 def _outcome(labels: Labels, served: Served, reports: bool = True, cached: bool = False) -> Outcome:
     """The outcome the gateway's fold makes of this answer, streamed at one chunk per step;
-    with ``reports``, the answer says its speculative counts too, and with ``cached`` the
-    prompt tokens its endpoint's prefix cache held."""
+    with ``reports`` it says its speculative counts, with ``cached`` what was cached."""
     fold = Fold(labels, served.arrival)
     for at in _chunk_times(served):
         fold.content(at)
@@ -520,13 +511,9 @@ def _outcome(labels: Labels, served: Served, reports: bool = True, cached: bool 
                 ),
             }
         }
-    usage: dict[str, Any] = {
-        "completion_tokens": served.completion_tokens,
-        "prompt_tokens": served.prompt_tokens,
-    }
-    if cached:
-        usage["prompt_tokens_details"] = {"cached_tokens": served.cached_tokens}
-    fold.usage(usage)
+    details = {"cached_tokens": served.cached_tokens} if cached else None
+    tokens = {"completion_tokens": served.completion_tokens, "prompt_tokens": served.prompt_tokens}
+    fold.usage({**tokens, "prompt_tokens_details": details})
     said = ENGINES.of(labels.engine).evidence({"metrics": metrics})  # as its engine reads it
     if said is not None:
         fold.evidence(said)

@@ -266,6 +266,15 @@ class Scenario(_Strict):
     def phase_marks(self) -> list[tuple[str, float]]:
         return sorted(self.phases.items(), key=lambda item: item[1])
 
+    def shows_cached(self, traffic: int) -> bool:
+        """Whether the answers to traffic class ``traffic`` (-1: a logged request) say what
+        the prefix cache held, as the live simulators do (``bench/live_scenarios.py``):
+        Messages and Responses always, chat and completions where the scenario has
+        conversations (``--enable-prompt-tokens-details``)."""
+        if any(t.session is not None for t in self.traffic):
+            return True
+        return traffic >= 0 and self.traffic[traffic].api in ("messages", "responses")
+
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be used; one line per problem, each with its place in the
