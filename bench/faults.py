@@ -22,6 +22,10 @@ stream is complete at its API's last event (chat and completions: ``[DONE]``; Me
 followed by ``[DONE]`` on vLLM); every error a client gets, an answer or a stream's final
 event, must be in the shape of its route's API (``error_shaped``), or the row fails.
 
+Why one module past 600 lines: its phases share one harness (the process groups, the
+clients in each route's shape, ``error_shaped``, the RSS and lag sampling) and one table;
+split, each phase would import the others' helpers.
+
 Writes a table (scenario, requests, client errors, expected, verdict) to bench/RESULTS.md
 under "Fault suite (issue 9)": the phases run replace their own rows, the others' rows stay
 with the commands that wrote them. Usage::

@@ -417,6 +417,11 @@ class Settings(
         return seconds * self.time_scale
 
     @property
+    def redis_secret(self) -> str | None:
+        """The Redis AUTH password in clear, for the clients that send it."""
+        return self.redis_password.get_secret_value() if self.redis_password else None
+
+    @property
     def client_connections(self) -> int:
         """``max_connections``, or its default for this process's file limit."""
         return self.max_connections or client_cap(file_limit(), self.upstream_connections)

@@ -277,7 +277,7 @@ def _state(
         telemetry,
         wall,
         interval_s=settings.real_s(settings.sync_interval_s),
-        password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+        password=settings.redis_secret,
     )
 
 
@@ -290,7 +290,7 @@ def _pins(settings: Settings, clock: Callable[[], float], telemetry: Telemetry) 
         settings.redis_url,
         settings.namespace,
         settings.real_s(ttl_s),
-        password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+        password=settings.redis_secret,
         per_tenant=per_tenant,
         local=local,
         dropped=telemetry.pin_writes_dropped,
@@ -306,7 +306,7 @@ def _prefixes(settings: Settings, clock: Callable[[], float]) -> PrefixMap:
         settings.redis_url,
         settings.namespace,
         settings.real_s(ttl_s),
-        password=settings.redis_password.get_secret_value() if settings.redis_password else None,
+        password=settings.redis_secret,
         local=local,
     )
 
