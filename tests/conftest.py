@@ -7,6 +7,8 @@ start at the end (docs/development.md, "Tests in parallel")."""
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -16,6 +18,24 @@ CPU_NICE = 10
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+def closed_port() -> Iterator[Callable[[], int]]:
+    """Gives ports that refuse every connection while the test runs: each is bound here and
+    never listens, so no server another worker starts meanwhile can take it, as it can take
+    a port that was merely free when it was picked."""
+    held: list[socket.socket] = []
+
+    def port() -> int:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        held.append(sock)
+        return int(sock.getsockname()[1])
+
+    yield port
+    for sock in held:
+        sock.close()
 
 
 @pytest.fixture(autouse=True)

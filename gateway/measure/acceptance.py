@@ -145,6 +145,8 @@ class Fold:
         "_decided",
         "_evidence",
         "_first",
+        "_first_read",
+        "_reads",
         "_finish_reason",
         "_labels",
         "_last",
@@ -159,6 +161,8 @@ class Fold:
         self._decided = decided_at
         self._chunks = 0
         self._first: float | None = None
+        self._first_read = 0
+        self._reads = 0
         self._last = started_at
         self._usage: dict[str, Any] = {}
         self._finish_reason: str | None = None
@@ -171,9 +175,13 @@ class Fold:
 
     def content(self, now: float, finish_reason: str | None = None) -> None:
         """A chunk that carried output tokens arrived at ``now``."""
-        self._chunks += 1
         if self._first is None:
             self._first = now
+        if now == self._first:
+            self._first_read += 1
+        elif now != self._last:
+            self._reads += 1  # a read after the first
+        self._chunks += 1
         self._last = now
         if finish_reason:
             self._finish_reason = finish_reason
@@ -197,9 +205,9 @@ class Fold:
         signal, drafted, accepted, steps, length = self._signal(tokens)
         ttft = None if self._first is None else self._first - self._started
         tpot = decode = None
-        if self._first is not None and tokens > 1 and self._last > self._first:
-            decode = self._last - self._first
-            tpot = decode / (tokens - 1)
+        if self._first is not None and tokens > 1:
+            decode = self._decode_s()
+            tpot = None if decode is None else decode / (tokens - 1)
         return Outcome(
             labels=self._labels,
             status=status,
@@ -238,6 +246,20 @@ class Fold:
             # a step emits at most k + 1 tokens: fewer chunks than that means merged steps
             return Signal.CHUNKS, 0, 0, max(self._chunks - 1, -(-decoded // (k + 1))), None
         return Signal.SPEED, 0, 0, None, None
+
+    def _decode_s(self) -> float | None:
+        """The answer's decode time, from its chunks' arrivals: the span from the first read
+        to the last, over the chunks that came after the first read, scaled to them all.
+        Arrivals show the steps only where the chunks came apart: a read that carries several
+        chunks came late (the reader, the engine's server or something between held them),
+        and its chunks' steps ran before it. The first read's steps are left out of the span;
+        when the chunks after it came in fewer reads than half their number, the arrivals
+        say too little of the steps, and so when every chunk came in the first read: None
+        (the step-time fit then falls back on the answer's duration)."""
+        after = self._chunks - self._first_read
+        if self._first is None or after <= 0 or 2 * self._reads < after:
+            return None
+        return (self._last - self._first) * (self._chunks - 1) / after
 
     def _stepped_chunks(self) -> int:
         """Decode steps as a stream of one chunk per step shows them: a lower bound (a

@@ -521,14 +521,11 @@ def _outcome(labels: Labels, served: Served, reports: bool = True, cached: bool 
 
 
 def _chunk_times(served: Served) -> Iterator[float]:
-    """First chunk at ``first``, last at ``last``; the ones between only count."""
-    if served.chunks == 0:
-        return
-    yield served.first
-    for _ in range(served.chunks - 2):
-        yield served.first
-    if served.chunks > 1:
-        yield served.last
+    """One chunk per step: the first at ``first``, the last at ``last``, the others evenly
+    between (each read as it arrived, as the gateway's reader would)."""
+    n = served.chunks
+    for i in range(n):
+        yield served.first + (served.last - served.first) * (i / (n - 1) if n > 1 else 0.0)
 
 
 def _configs(

@@ -11,7 +11,7 @@ from backends.pool import Pools, PoolSpec
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app
 from backends.upstream import Upstream
-from tests.servers import free_port, serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -45,10 +45,10 @@ async def test_pinned_requests_go_to_their_endpoint_alone():
         await upstream.close()
 
 
-async def test_a_pinned_endpoint_that_is_down_is_not_replaced():
+async def test_a_pinned_endpoint_that_is_down_is_not_replaced(closed_port):
     upstream = Upstream()
     await upstream.start()
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     try:
         async with serving(create_app(CONFIG)) as a:
             pools = Pools([PoolSpec("std", "tiny", (a, dead))], upstream, lambda: 0.0)

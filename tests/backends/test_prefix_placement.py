@@ -16,7 +16,7 @@ from backends.pool import Pools, PoolSpec
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app
 from backends.upstream import Upstream
-from tests.servers import free_port, serving
+from tests.servers import serving
 
 CONFIG = SimConfig(mode=Mode.STANDARD, served_model_names=("tiny",), time_scale=0.01)
 JSON = {"content-type": "application/json"}
@@ -214,10 +214,10 @@ async def test_the_pool_sends_the_conversation_where_it_is_held_until_that_is_pa
 
 
 @pytest.mark.anyio
-async def test_a_holder_that_is_down_fails_over_and_is_ejected_like_any_other():
+async def test_a_holder_that_is_down_fails_over_and_is_ejected_like_any_other(closed_port):
     upstream = Upstream()
     await upstream.start()
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     try:
         async with serving(create_app(CONFIG)) as a:
             pools = Pools([PoolSpec("std", "tiny", (a, dead))], upstream, lambda: 0.0)

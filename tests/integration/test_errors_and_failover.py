@@ -13,7 +13,6 @@ import pytest
 
 from tests.fakes import Behaviour, FakeUpstream
 from tests.gateways import fake_stack
-from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -97,8 +96,8 @@ async def test_5xx_before_first_byte_fails_over_down_the_ladder(tmp_path):
     assert len(spec.received) == 1 and len(std.received) == 1
 
 
-async def test_dead_endpoint_fails_over_and_is_ejected(tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"
+async def test_dead_endpoint_fails_over_and_is_ejected(tmp_path, closed_port):
+    dead = f"http://127.0.0.1:{closed_port()}"
     std = FakeUpstream()
     text = """
 version: 1
@@ -122,7 +121,7 @@ rules: [{{name: default, start: spec}}]
     assert ready["ready"] is True  # the model can still be served by its standard pool
 
 
-async def test_sdk_clients_get_the_503_within_seconds_when_nothing_serves(tmp_path):
+async def test_sdk_clients_get_the_503_within_seconds_when_nothing_serves(tmp_path, closed_port):
     """The ``openai`` and ``anthropic`` clients sleep on ``Retry-After`` before each of their
     two retries: with every endpoint ejected the gateway tells them a second, not the time
     until an ejection ends (18-30 s, so 39-50 s until the client saw the 503)."""
@@ -133,7 +132,7 @@ pools:
   standard: {{kind: standard, model: tiny, endpoints: [DEAD]}}
 ladder: [spec, standard]
 rules: [{{name: default, start: spec}}]
-""".replace("DEAD", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+""".replace("DEAD", f"http://127.0.0.1:{closed_port()}")  # nothing listens there
     unused = FakeUpstream()
     async with (
         fake_stack(tmp_path, unused.app(), unused.app(), text) as (url, _),

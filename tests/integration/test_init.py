@@ -26,7 +26,7 @@ from gateway.cli.main import main
 from policies.compiled import load_policy
 from policies.lint import lint
 from policies.model import Bands, Guardrail
-from tests.servers import free_port, serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -120,9 +120,11 @@ async def test_several_speculative_pools_stand_on_the_ladder_by_k(tmp_path):
     assert {r.name: r.rule.start for r in policy.rules}["default"] == "spec-k3"
 
 
-async def test_an_endpoint_that_does_not_answer_is_named_and_nothing_is_written(tmp_path, capsys):
+async def test_an_endpoint_that_does_not_answer_is_named_and_nothing_is_written(
+    tmp_path, capsys, closed_port
+):
     out = tmp_path / "policy.yaml"
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     async with serving(sim_app(STANDARD)) as std:
         assert await init("--spec", dead, "--standard", std, "--out", str(out)) == 1
     assert capsys.readouterr().err == f"speclane init: cannot reach {dead}: cannot connect " + (

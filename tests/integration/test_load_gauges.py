@@ -12,7 +12,6 @@ import pytest
 from backends.sim.config import Mode, SimConfig
 from gateway.measure.loadscrape import in_flight
 from tests.gateways import sim_policy, sim_stack
-from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
 FIXTURES = Path(__file__).parents[1] / "vllm_fixtures"
@@ -68,7 +67,7 @@ async def test_requests_another_replica_sends_raise_the_ladder_load(tmp_path):
     assert ladder is not None and ladder > 0  # smoothed toward 2; without the gauges 0
 
 
-async def test_an_endpoint_whose_metrics_page_does_not_answer_is_ejected(tmp_path):
+async def test_an_endpoint_whose_metrics_page_does_not_answer_is_ejected(tmp_path, closed_port):
     """Reading the gauges is an active health check too: a standard endpoint that takes no
     traffic and stops answering (here: nothing listens on its port any more) is ejected
     after the outlier detector's consecutive failures, without a client paying for it."""
@@ -82,7 +81,7 @@ async def test_an_endpoint_whose_metrics_page_does_not_answer_is_ejected(tmp_pat
         for _ in range(2):
             await services.load_scraper.scrape()
         assert services.pools.healthy("standard")  # answering: nothing counted
-        standard.url = f"http://127.0.0.1:{free_port()}"  # the server is gone
+        standard.url = f"http://127.0.0.1:{closed_port()}"  # the server is gone
         for _ in range(2):
             await services.load_scraper.scrape()
         assert services.pools.healthy("standard")

@@ -31,7 +31,7 @@ from backends.sim.server import create_app as sim_app
 from gateway.identity import key_hash
 from gateway.server.app import build_services, create_app
 from tests.gateways import gateway, settings
-from tests.servers import free_port, serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -190,8 +190,8 @@ async def test_the_policy_names_the_passthrough_pool(tmp_path):
     assert via.headers["x-speclane-reason"] == "passthrough: /tokenize of tiny goes to spec"
 
 
-async def test_a_dead_endpoint_fails_over_to_the_next_one_and_the_next_pool(tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"
+async def test_a_dead_endpoint_fails_over_to_the_next_one_and_the_next_pool(tmp_path, closed_port):
+    dead = f"http://127.0.0.1:{closed_port()}"
     async with serving(echo("spec")) as spec, serving(echo("standard")) as std:
         text = policy([spec], [dead, std])
         async with gateway(settings(tmp_path, text)) as (url, _), httpx.AsyncClient() as c:
@@ -206,8 +206,8 @@ async def test_a_dead_endpoint_fails_over_to_the_next_one_and_the_next_pool(tmp_
     assert via.headers["x-speclane-reason"].startswith("failover: standard failed: ")
 
 
-async def test_every_endpoint_down_is_a_503(tmp_path):
-    dead = [f"http://127.0.0.1:{free_port()}"]
+async def test_every_endpoint_down_is_a_503(tmp_path, closed_port):
+    dead = [f"http://127.0.0.1:{closed_port()}"]
     async with (
         gateway(settings(tmp_path, policy(dead, dead))) as (url, _),
         httpx.AsyncClient() as c,

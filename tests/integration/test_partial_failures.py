@@ -31,8 +31,19 @@ def sim(mode: Mode, seed: int, *, timed: bool = False, **faults: Any) -> SimConf
     )
 
 
-def policy(spec: Sequence[str], standard: Sequence[str], start: str, whole: bool = False) -> str:
-    timeouts = "{connect_s: 1, first_byte_s: 2, idle_s: 2}"
+SHORT = "{connect_s: 1, first_byte_s: 2, idle_s: 2}"  # a hung endpoint is found fast
+# an answer that breaks breaks after its second chunk; a try that merely waits on a loaded
+# machine must not end as a timeout, which the break retries do not count
+PATIENT = "{connect_s: 10, first_byte_s: 30, idle_s: 30}"
+
+
+def policy(
+    spec: Sequence[str],
+    standard: Sequence[str],
+    start: str,
+    whole: bool = False,
+    timeouts: str = SHORT,
+) -> str:
     return f"""
 version: 1
 pools:
@@ -60,6 +71,7 @@ async def stack(
     standard: Sequence[SimConfig],
     start: str = "spec",
     whole: bool = False,
+    timeouts: str = SHORT,
     **overrides: Any,
 ) -> AsyncIterator[tuple[str, Any, list[str], list[str]]]:
     """A gateway in front of one simulator per config; yields its URL, its services and
@@ -69,7 +81,7 @@ async def stack(
     async with AsyncExitStack() as servers:
         spec_urls = [await servers.enter_async_context(serving(sim_app(c))) for c in spec]
         std_urls = [await servers.enter_async_context(serving(sim_app(c))) for c in standard]
-        text = policy(spec_urls, std_urls, start, whole)
+        text = policy(spec_urls, std_urls, start, whole, timeouts)
         async with gateway(settings(tmp, text, **overrides)) as (url, services):
             yield url, services, spec_urls, std_urls
 
@@ -176,7 +188,7 @@ async def test_non_streaming_answers_that_break_mid_way_are_retried_until_whole(
     on across endpoints and rungs, so none does."""
     spec, standard = dying(0.2)
     async with (
-        stack(tmp_path, spec, standard, "standard", whole, break_retries=10) as (url, *_),
+        stack(tmp_path, spec, standard, "standard", whole, PATIENT, break_retries=10) as (url, *_),
         httpx.AsyncClient(timeout=30) as c,
     ):
         whole_answers = await run(c, url, 200, 8)
@@ -194,7 +206,7 @@ async def test_break_retries_stop_at_the_budget(tmp_path, whole):
     times more, and the client gets an error, never a hang or a truncated body."""
     spec, standard = dying(1.0)
     async with (
-        stack(tmp_path, spec, standard, "standard", whole, break_retries=3) as (url, *_),
+        stack(tmp_path, spec, standard, "standard", whole, PATIENT, break_retries=3) as (url, *_),
         httpx.AsyncClient(timeout=30) as c,
     ):
         answers = await run(c, url, 10, 2)

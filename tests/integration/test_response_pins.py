@@ -25,7 +25,7 @@ from gateway.services import Services
 from policies.model import ANONYMOUS
 from tests.gateways import gateway, settings
 from tests.redis_server import namespace, require_shared_redis
-from tests.servers import free_port, serving
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -135,8 +135,8 @@ async def test_an_id_the_gateway_cannot_place_gets_vllms_404(tmp_path):
     assert cancel.status_code == 404
 
 
-async def test_a_pinned_endpoint_that_does_not_answer_is_not_replaced(tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"
+async def test_a_pinned_endpoint_that_does_not_answer_is_not_replaced(tmp_path, closed_port):
+    dead = f"http://127.0.0.1:{closed_port()}"
     async with serving(sim()) as spec, serving(sim()) as a:
         text = policy(spec, [a, dead])
         async with gateway(settings(tmp_path, text)) as (url, services):
@@ -313,8 +313,8 @@ async def forget(url: str, ns: str) -> None:
     await raw.aclose()
 
 
-async def test_a_pin_redis_does_not_take_is_counted_and_still_known_here(tmp_path):
-    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+async def test_a_pin_redis_does_not_take_is_counted_and_still_known_here(tmp_path, closed_port):
+    down = f"redis://127.0.0.1:{closed_port()}/0"  # nothing listens there
     async with pool() as sims:
         text = policy(sims.spec, [sims.a, sims.b])
         async with (

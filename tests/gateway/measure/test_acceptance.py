@@ -120,6 +120,33 @@ def test_standard_pool_measures_speed_only():
     assert outcome.tpot_s == pytest.approx((0.14 - 0.02) / 31)
 
 
+def test_chunks_held_back_and_read_at_once_do_not_shorten_the_steps():
+    """Ten tokens a step apart (10 ms); the reader was busy and read the first seven in one
+    read at 70 ms, as late as the seventh was sent. The three after show the step."""
+    fold = Fold(STANDARD, 0.0)
+    for _ in range(7):
+        fold.content(0.07)
+    for at in (0.08, 0.09, 0.10):
+        fold.content(at)
+    fold.usage({"prompt_tokens": 5, "completion_tokens": 10})
+    outcome = fold.finish(Status.OK, 0.1)
+    assert outcome.tpot_s == pytest.approx(0.01) and outcome.decode_s == pytest.approx(0.09)
+
+
+@pytest.mark.parametrize("first", [10, 1], ids=["in-one-read", "after-the-first"])
+def test_a_stream_read_at_once_shows_no_decode_time(first):
+    """Sixteen chunks, read in one go or after a first one alone: their arrivals, a few
+    microseconds apart, say nothing of the steps (a stalled reader or server held them)."""
+    fold = Fold(STANDARD, 0.0)
+    for _ in range(first):
+        fold.content(0.07)
+    for i in range(16 - first):
+        fold.content(0.07 + 1e-5 + 1e-6 * (i // 4))  # read in a few reads
+    fold.usage({"prompt_tokens": 5, "completion_tokens": 16})
+    outcome = fold.finish(Status.OK, 0.1)
+    assert outcome.decode_s is None and outcome.tpot_s is None and outcome.ttft_s == 0.07
+
+
 def test_speculative_pool_without_usage_falls_to_speed():
     fold = Fold(SPEC, 0.0)
     fold.content(0.1)
