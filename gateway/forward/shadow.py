@@ -182,6 +182,7 @@ class ShadowRunner:
         prompt_tokens: int,
         affinity: Affinity | None,
     ) -> None:
+        started = self._clock()  # its first token is timed from here, as a request's is
         try:
             async with asyncio.timeout(self._limits.timeout_s):
                 opened = await self._pools.open(
@@ -192,7 +193,7 @@ class ShadowRunner:
                     self._prefilled(opened.endpoint.url, prompt_tokens, self._clock())
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
                 engine = self._engines.of(opened.spec.engine)
-                fold = Fold(served, self._clock())
+                fold = Fold(served, started, started)
                 measurement = Measurement(fold, self._clock, self._checks, engine=engine)
                 relay = Relay(opened, measurement, api.dialect, clock=self._clock, shape=api.shape)
                 if api.assemble is None:  # read to its end, measured, and dropped

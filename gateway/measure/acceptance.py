@@ -141,10 +141,12 @@ class Fold:
     when the gateway had decided and went upstream (its admission ends there)."""
 
     __slots__ = (
+        "_chars",
         "_chunks",
         "_decided",
         "_evidence",
         "_first",
+        "_first_chars",
         "_first_read",
         "_reads",
         "_finish_reason",
@@ -163,6 +165,7 @@ class Fold:
         self._first: float | None = None
         self._first_read = 0
         self._reads = 0
+        self._chars = self._first_chars = 0
         self._last = started_at
         self._usage: dict[str, Any] = {}
         self._finish_reason: str | None = None
@@ -173,12 +176,15 @@ class Fold:
     def labels(self) -> Labels:
         return self._labels
 
-    def content(self, now: float, finish_reason: str | None = None) -> None:
-        """A chunk that carried output tokens arrived at ``now``."""
+    def content(self, now: float, finish_reason: str | None = None, chars: int = 0) -> None:
+        """A chunk that carried output tokens arrived at ``now``, ``chars`` characters of
+        the first choice's text among them."""
         if self._first is None:
             self._first = now
+        self._chars += chars
         if now == self._first:
             self._first_read += 1
+            self._first_chars += chars
         elif now != self._last:
             self._reads += 1  # a read after the first
         self._chunks += 1
@@ -206,7 +212,7 @@ class Fold:
         ttft = None if self._first is None else self._first - self._started
         tpot = decode = None
         if self._first is not None and tokens > 1:
-            decode = self._decode_s()
+            decode = self._decode_s(tokens)
             tpot = None if decode is None else decode / (tokens - 1)
         return Outcome(
             labels=self._labels,
@@ -247,19 +253,26 @@ class Fold:
             return Signal.CHUNKS, 0, 0, max(self._chunks - 1, -(-decoded // (k + 1))), None
         return Signal.SPEED, 0, 0, None, None
 
-    def _decode_s(self) -> float | None:
+    def _decode_s(self, tokens: int) -> float | None:
         """The answer's decode time, from its chunks' arrivals: the span from the first read
-        to the last, over the chunks that came after the first read, scaled to them all.
-        Arrivals show the steps only where the chunks came apart: a read that carries several
-        chunks came late (the reader, the engine's server or something between held them),
-        and its chunks' steps ran before it. The first read's steps are left out of the span;
-        when the chunks after it came in fewer reads than half their number, the arrivals
-        say too little of the steps, and so when every chunk came in the first read: None
-        (the step-time fit then falls back on the answer's duration)."""
+        to the last, over the share of the answer's tokens that came after the first read.
+        Arrivals show the steps only where the output came apart: a read that carries several
+        chunks came late (the reader, or something between it and the engine, held them), and
+        a chunk that carries several steps' tokens was held in the engine's server (vLLM's
+        merges the outputs its client has not taken yet), so their steps ran before them. The
+        share after the first read is told by the text (the characters after it, the tokens
+        at least one a chunk), else by the chunks. When the chunks after the first read came
+        in fewer reads than half their number, or nothing came after it, the arrivals say too
+        little of the steps: None (the step-time fit then falls back on the duration)."""
         after = self._chunks - self._first_read
         if self._first is None or after <= 0 or 2 * self._reads < after:
             return None
-        return (self._last - self._first) * (self._chunks - 1) / after
+        if self._chars > 0:
+            text = tokens * (self._chars - self._first_chars) / self._chars
+            share = min(max(text, after) / (tokens - 1), 1.0)
+        else:
+            share = after / (self._chunks - 1)
+        return (self._last - self._first) / share
 
     def _stepped_chunks(self) -> int:
         """Decode steps as a stream of one chunk per step shows them: a lower bound (a

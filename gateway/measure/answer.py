@@ -130,7 +130,7 @@ class Measurement:
     def content(self, now: float, finish: str | None, text: str | None = None) -> None:
         """An event that carried output tokens arrived at ``now``; ``text``: what it adds
         to the first choice's text (None for another choice)."""
-        self.fold.content(now, finish)
+        self.fold.content(now, finish, len(text) if text else 0)
         if self._text is not None and text is not None:
             self._text.append(text)
 

@@ -133,6 +133,19 @@ def test_chunks_held_back_and_read_at_once_do_not_shorten_the_steps():
     assert outcome.tpot_s == pytest.approx(0.01) and outcome.decode_s == pytest.approx(0.09)
 
 
+def test_a_first_chunk_the_server_merged_does_not_shorten_the_steps():
+    """Sixteen tokens, 5 ms a step; the engine's server fell behind and sent the first
+    eleven as one chunk (44 characters), then one a chunk (4 characters each): the span
+    after the first chunk holds five steps, not fifteen."""
+    fold = Fold(STANDARD, 0.0)
+    fold.content(0.05, None, 44)
+    for i in range(1, 6):
+        fold.content(0.05 + 0.005 * i, None, 4)
+    fold.usage({"prompt_tokens": 5, "completion_tokens": 16})
+    outcome = fold.finish(Status.OK, 0.08)
+    assert outcome.tpot_s == pytest.approx(0.005)
+
+
 @pytest.mark.parametrize("first", [10, 1], ids=["in-one-read", "after-the-first"])
 def test_a_stream_read_at_once_shows_no_decode_time(first):
     """Sixteen chunks, read in one go or after a first one alone: their arrivals, a few
