@@ -124,15 +124,6 @@ class Cluster:
         running and waiting gauges say)."""
         return {e.name: e.outstanding for group in self._pools.values() for e in group}
 
-    def prompts(self) -> dict[str, tuple[int, int]]:
-        """Per endpoint: the prompt tokens it was asked so far, and of those the ones its
-        prefix cache held (what its metrics page's counters say)."""
-        return {
-            e.name: (e.scheduler.counters.prompt_tokens, e.scheduler.counters.cached_prompt_tokens)
-            for group in self._pools.values()
-            for e in group
-        }
-
     def usage(self, now: float) -> dict[str, tuple[float, float]]:
         """Per endpoint: the engine-seconds it has stepped (its GPU busy, prefill and decode)
         and its requests outstanding integrated over time, both up to ``now``."""

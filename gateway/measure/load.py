@@ -27,12 +27,7 @@ Prefills: the gateway tells the meter when an endpoint prefilled a prompt (a str
 event comes once its prompt is prefilled; a whole answer's when it arrives) and how many
 tokens it had, so an outcome can say how many prompt tokens shared the steps it decoded in
 (``prefilled``): engines schedule prefills into the steps of the sequences decoding beside
-them. A prompt's tokens that the endpoint's prefix cache held are not computed: where its
-engine counts them (vLLM's ``vllm:prompt_tokens_cached_total`` beside
-``vllm:prompt_tokens_total``, read with its gauges: ``prompts_read``), only the share it did
-not hold lately is counted, so the step-time fit does not learn a prompt token's prefill
-several times too cheap on traffic that resends its history (agents, multi-turn chat). The
-prefills of one ``PREFILL_WINDOW_S`` (about an engine step, the resolution at
+them. The prefills of one ``PREFILL_WINDOW_S`` (about an engine step, the resolution at
 which a prefill and a decode step meet) are kept as one entry, dated at the first of them, so
 the history costs at most one entry per window whatever the request rate (one entry per
 request grew the gateway by ~70 bytes a request, up to twice ``history_s`` of requests). An
@@ -90,8 +85,6 @@ class _Endpoint:
     own_area: float = 0.0
     others: float | None = None
     others_area: float = 0.0
-    prompts: tuple[float, float] | None = None  # its engine's prompt and cached tokens, so far
-    hit_share: float | None = None  # of the prompt tokens it was asked lately, those it held
     scraped_at: float = -math.inf
     # histories as packed doubles: 8 bytes an entry, where a list of floats takes 32
     times: array[float] = field(default_factory=_doubles)
@@ -240,30 +233,15 @@ class LoadMeter:
         e.others = beyond if e.others is None else 0.5 * e.others + 0.5 * beyond
         e.scraped_at = now
 
-    def prompts_read(self, url: str, prompt: float, cached: float, now: float) -> None:
-        """A reading of ``url``'s engine's counters: the prompt tokens it was asked so far,
-        and of those the ones its prefix cache held. The share held since the last reading
-        (smoothed as ``scraped`` smooths the others' requests) is the share of the prompts
-        ``prefill`` is told of that the endpoint did not compute."""
-        e = self._endpoint(url, now)
-        last, e.prompts = e.prompts, (prompt, cached)
-        if last is None or prompt - last[0] <= 0 or cached < last[1]:
-            return  # the first reading, no prompt since, or an engine that restarted
-        share = min(max((cached - last[1]) / (prompt - last[0]), 0.0), 1.0)
-        e.hit_share = share if e.hit_share is None else 0.5 * e.hit_share + 0.5 * share
-
     def prefill(self, url: str, tokens: int, now: float, key: str = "") -> None:
-        """``url`` prefilled a prompt of ``tokens`` by ``now``, computing those its prefix
-        cache did not hold (``prompts_read``: all, where its engine does not say); with
-        ``key`` (the request's), its cache holds them all until ``release`` with the same
-        key."""
+        """``url`` prefilled a prompt of ``tokens`` by ``now``; with ``key`` (the request's),
+        its cache holds them until ``release`` with the same key."""
         e = self._endpoint(url, now)
         if key and key not in e.cached:
             e.kv_move(now, max(tokens, 0), 1)
             e.cached[key] = (float(max(tokens, 0)), now)
-        computed = max(tokens, 0) * (1.0 - (e.hit_share or 0.0))
         times, totals = e.prefill_times, e.prefilled
-        total = (totals[-1] if totals else 0.0) + computed
+        total = (totals[-1] if totals else 0.0) + max(tokens, 0)
         if times and now < times[-1]:
             now = times[-1]  # the clock is monotonic; a tie keeps the order
         if times and now - times[-1] < PREFILL_WINDOW_S:

@@ -14,10 +14,8 @@ connection, or nothing within the timeout) is also an active health check: it co
 failure of the endpoint for the outlier detector, so a hung server that takes no traffic
 is ejected too, and whole answers awaited from it are given up (``backends/pool.py``).
 The same page of an endpoint that keeps vLLM's step counters also gives its mean engine step
-since the last reading (``enginesteps.py``), handed to ``on_step``: the pool's step time from
-its own counters; and the prompt tokens its prefix cache held, handed to
-``LoadMeter.prompts_read``: the load meter counts as prefilled only what the endpoint
-computed.
+since the last reading
+(``enginesteps.py``), handed to ``on_step``: the pool's step time from its own counters.
 """
 
 from __future__ import annotations
@@ -103,20 +101,17 @@ class LoadScraper:
         now = self._clock()
         if value is not None:
             self._load.scraped(url, value, endpoint.outstanding, now)
-        self._counters(pool, url, text, now)
+        if self._on_step is not None and pool:
+            self._engine_step(pool, url, text, now)
 
-    def _counters(self, pool: str, url: str, text: str, now: float) -> None:
-        """The engine's counters: the prompt tokens it held in its prefix cache, to the load
-        meter, and its mean step since the last reading, to ``on_step``
+    def _engine_step(self, pool: str, url: str, text: str, now: float) -> None:
+        """The engine's mean step since the last reading, to ``on_step``
         (``enginesteps.py``): the pool's step time from its own counters."""
         try:
             current = reading(text, now)
         except ValueError:
             return
         if current is None:
-            return
-        self._load.prompts_read(url, current.prompt_tokens, current.cached_tokens, now)
-        if self._on_step is None or not pool:
             return
         before, self._readings[url] = self._readings.get(url), current
         step = between(before, current) if before is not None else None

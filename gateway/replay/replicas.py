@@ -167,11 +167,8 @@ class Replicas:
         now: float,
         engine_counts: Callable[[], Mapping[str, int]],
         sync: Callable[[Replica, float], None] | None,
-        prompts: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
     ) -> None:
-        """Run what is due at ``now`` on every replica: samples, gauge reads (the requests
-        each endpoint runs, and ``prompts``: the prompt tokens it was asked and held so far),
-        ticks, syncs."""
+        """Run what is due at ``now`` on every replica: samples, gauge reads, ticks, syncs."""
         self.clock[0] = now
         for replica in self.all:
             if replica.due["sample"].ready(now):
@@ -180,8 +177,6 @@ class Replicas:
                 for name, running in engine_counts().items():
                     own = replica.flights.get(name)
                     replica.load.scraped(name, running, own.count if own else 0, now)
-                for name, (prompt, cached) in (prompts() if prompts else {}).items():
-                    replica.load.prompts_read(name, prompt, cached, now)
             if replica.due["tick"].ready(now):
                 replica.stats.tick(now)
             if sync is not None and replica.due["sync"].ready(now):

@@ -19,7 +19,6 @@ def test_vllm_0_32_pages_carry_the_steps_and_the_batch(server: str) -> None:
     assert got is not None and got.at == 5.0
     assert got.steps > 0 and got.tokens >= got.steps  # every step scheduled a token or more
     assert got.prompt_tokens > 0 and got.running >= 0
-    assert 0 <= got.cached_tokens <= got.prompt_tokens
 
 
 def test_a_page_without_the_histogram_says_nothing() -> None:
@@ -37,18 +36,3 @@ def test_the_mean_step_between_two_busy_readings() -> None:
     assert between(after, idle) is None  # idle: steps do not fill the time
     restarted = EngineReading(16.0, 5.0, 40.0, 100.0, 2.0)
     assert between(after, restarted) is None  # the counters went down
-
-
-def test_prompt_tokens_the_prefix_cache_held_were_not_prefilled() -> None:
-    """8,000 prompt tokens asked between the readings, 6,000 of them found in the cache:
-    2,000 computed over 80 steps."""
-    before = EngineReading(10.0, 1000.0, 9000.0, 50_000.0, 12.0, cached_tokens=30_000.0)
-    after = EngineReading(12.0, 1080.0, 10_000.0, 58_000.0, 16.0, cached_tokens=36_000.0)
-    step = between(before, after)
-    assert step is not None and step.prefill == pytest.approx(25.0)
-    page = 'vllm:iteration_tokens_total_count{engine="0"} 4.0\n' + "".join(
-        f'vllm:{name}_total{{engine="0",model_name="m"}} {value}\n'
-        for name, value in (("prompt_tokens", 900.0), ("prompt_tokens_cached", 600.0))
-    )
-    read = reading(page, 1.0)
-    assert read is not None and (read.prompt_tokens, read.cached_tokens) == (900.0, 600.0)

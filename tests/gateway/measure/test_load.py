@@ -99,25 +99,6 @@ def test_prompts_prefilled_while_a_request_decoded_are_counted_per_step():
     assert loaded_outcome(load, outcome).prefill == pytest.approx(6000 / 40)
 
 
-def test_only_the_prompt_tokens_an_endpoint_did_not_hold_are_counted_as_prefilled():
-    """Its engine's counters say it held 75% of the prompts it was asked between two
-    readings, then 25% (smoothed: 50%); an endpoint whose engine does not say counts all."""
-    load = meter(InFlight(Clock()))
-    load.prompts_read(URL, 1000, 0, 1.0)
-    load.prefill(URL, 400, 1.5)  # no share known yet: all of it
-    load.prompts_read(URL, 5000, 3000, 2.0)
-    load.prefill(URL, 400, 2.5)
-    load.prompts_read(URL, 9000, 4000, 3.0)
-    load.prefill(URL, 400, 3.5)
-    load.prompts_read(URL, 10, 0, 4.0)  # restarted: the share is kept
-    load.prefill(URL, 400, 4.5)
-    load.prefill("http://other:8000", 400, 4.5)
-    assert load.prefilled(URL, 1.0, 2.0) == 400
-    assert load.prefilled(URL, 2.0, 3.0) == pytest.approx(100)
-    assert load.prefilled(URL, 3.0, 5.0) == pytest.approx(400)  # 200, and 200 again
-    assert load.prefilled("http://other:8000", 4.0, 5.0) == 400
-
-
 def test_prefills_cost_one_entry_per_window_whatever_the_request_rate():
     """A thousand prefills a second for 100 s keep at most one entry per window, and what
     a window of time prefilled is still read to within a window at each end."""
