@@ -34,6 +34,9 @@ from typing import Any
 
 from gateway.engines import Evidence
 
+# a first read whose text is that of this many mean tokens beyond one a chunk was merged
+MERGED_TOKENS = 4.0
+
 
 class Signal(StrEnum):
     PER_REQUEST = "per_request"
@@ -260,18 +263,20 @@ class Fold:
         chunks came late (the reader, or something between it and the engine, held them), and
         a chunk that carries several steps' tokens was held in the engine's server (vLLM's
         merges the outputs its client has not taken yet), so their steps ran before them. The
-        share after the first read is told by the text (the characters after it, the tokens
-        at least one a chunk), else by the chunks. When the chunks after the first read came
-        in fewer reads than half their number, or nothing came after it, the arrivals say too
-        little of the steps: None (the step-time fit then falls back on the duration)."""
+        share after the first read is told by the chunks, or by the text (the characters
+        after it, the tokens at least one a chunk) where the first read's text is that of
+        ``MERGED_TOKENS`` mean tokens or more beyond one a chunk: one token's text may be a
+        few times the mean, and the text is not read closer than that. When the chunks after
+        the first read came in fewer reads than half their number, or nothing came after it,
+        the arrivals say too little of the steps: None (the step-time fit then falls back on
+        the duration)."""
         after = self._chunks - self._first_read
         if self._first is None or after <= 0 or 2 * self._reads < after:
             return None
-        if self._chars > 0:
-            text = tokens * (self._chars - self._first_chars) / self._chars
-            share = min(max(text, after) / (tokens - 1), 1.0)
-        else:
-            share = after / (self._chunks - 1)
+        share = after / (self._chunks - 1)
+        first = tokens * self._first_chars / self._chars if self._chars > 0 else 0.0
+        if first - self._first_read >= MERGED_TOKENS:
+            share = min(max(tokens - first, after) / (tokens - 1), share)
         return (self._last - self._first) / share
 
     def _stepped_chunks(self) -> int:

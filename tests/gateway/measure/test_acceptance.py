@@ -146,6 +146,17 @@ def test_a_first_chunk_the_server_merged_does_not_shorten_the_steps():
     assert outcome.tpot_s == pytest.approx(0.005)
 
 
+def test_a_long_first_token_is_not_taken_for_a_merged_chunk():
+    """Ten tokens a step apart, the first of them three times the others' length: the
+    span holds nine steps."""
+    fold = Fold(STANDARD, 0.0)
+    fold.content(0.05, None, 12)
+    for i in range(1, 10):
+        fold.content(0.05 + 0.005 * i, None, 4)
+    fold.usage({"prompt_tokens": 5, "completion_tokens": 10})
+    assert fold.finish(Status.OK, 0.1).tpot_s == pytest.approx(0.005)
+
+
 @pytest.mark.parametrize("first", [10, 1], ids=["in-one-read", "after-the-first"])
 def test_a_stream_read_at_once_shows_no_decode_time(first):
     """Sixteen chunks, read in one go or after a first one alone: their arrivals, a few
