@@ -22,10 +22,6 @@ stream is complete at its API's last event (chat and completions: ``[DONE]``; Me
 followed by ``[DONE]`` on vLLM); every error a client gets, an answer or a stream's final
 event, must be in the shape of its route's API (``error_shaped``), or the row fails.
 
-Why one module past 600 lines: its phases share one harness (the process groups, the
-clients in each route's shape, ``error_shaped``, the RSS and lag sampling) and one table;
-split, each phase would import the others' helpers.
-
 Writes a table (scenario, requests, client errors, expected, verdict) to bench/RESULTS.md
 under "Fault suite (issue 9)": the phases run replace their own rows, the others' rows stay
 with the commands that wrote them. Usage::
@@ -34,7 +30,8 @@ with the commands that wrote them. Usage::
     .venv/bin/python -m bench.faults --soak-s 120 --fuzz 10000
     .venv/bin/python -m bench.faults --only hostile       # one phase
 
-One module, past the usual length, because its phases share one stack, one route table
+Why one module past 600 lines: its phases share one harness (the process groups, the
+clients in each route's shape, ``error_shaped``, the RSS and lag sampling), one route table
 (``ROUTES``) and one report: a phase is a short function over those, and a file per phase
 would split the table that says what every row expects from the code that checks it.
 """
