@@ -70,6 +70,8 @@ from policies.compiled import CompiledPolicy, load_policy
 from policies.guardrail import Phase, SliceState, Transition
 from policies.model import PoolKind
 
+Ids = dict[tuple[str, int, int], str]  # (class, client, its n-th request) -> request id
+
 TOKEN = "live-scenarios"
 LEAD_S = 20.0  # model seconds between the simulators' start and the scenario's second 0 ...
 LEAD_REAL_S = 15.0  # ... and at least this many real ones: the gateways must be up by then
@@ -107,6 +109,8 @@ class Run:
     rng: random.Random = field(default_factory=random.Random)
     talks: dict[tuple[int, int], Talk] = field(default_factory=dict)  # (class, client)
     talked: dict[tuple[int, int], int] = field(default_factory=dict)  # conversations begun
+    ids: Ids = field(default_factory=dict)  # a replay's request ids (``replayed_ids``)
+    asked: dict[tuple[str, int], int] = field(default_factory=dict)  # requests sent, by client
 
     def __post_init__(self) -> None:
         self.rng.seed(f"{self.scenario.seed}:live")
@@ -255,7 +259,11 @@ async def send(
     built = (
         talk.body(scenario.name, who, model) if talk else build(scenario.name, traffic, who, model)
     )
-    request_id = f"{scenario.name}-{traffic.name}-{who}-{len(run.rows)}-{run.rng.random():.9f}"
+    number = run.asked.get((traffic.name, who), 0)
+    run.asked[(traffic.name, who)] = number + 1
+    request_id = run.ids.get((traffic.name, who, number)) or (
+        f"{scenario.name}-{traffic.name}-{who}-{len(run.rows)}-{run.rng.random():.9f}"
+    )
     headers = {**built.headers, "x-request-id": request_id}
     arrival = run.now()
     area = run.load.move(arrival, +1)
@@ -498,13 +506,30 @@ def _transition(event: dict[str, Any], started: float) -> Transition:
     )
 
 
-def run_one(path: Path, policy_path: Path, args: argparse.Namespace) -> dict[str, Any]:
+def replayed_ids(replayed: Replay) -> Ids:
+    """The request id a replay gave each client's n-th request, by (class, client, n).
+    Sent with the same requests live, they draw what the gateway draws from a request's id
+    (exploration, probes, mirrors, rollouts) as the replay drew it: the two runs then differ
+    in what serving and measuring do, not in which requests chance picked."""
+    ids: Ids = {}
+    asked: dict[tuple[str, int], int] = {}
+    for row in sorted((r for r in replayed.rows if not r.shadow), key=lambda r: r.index):
+        number = asked.get((row.traffic, row.client), 0)
+        asked[(row.traffic, row.client)] = number + 1
+        ids[(row.traffic, row.client, number)] = f"{replayed.scenario.name}-{row.index}"
+    return ids
+
+
+def run_one(
+    path: Path, policy_path: Path, args: argparse.Namespace, ids: Ids | None = None
+) -> dict[str, Any]:
+    """One scenario live; ``ids``: the request ids to send (``replayed_ids``)."""
     scenario = load_scenario(path.read_text())
     scenario = scenario.model_copy(update={"seed": scenario.seed + 1000 * args.seed})
     policy = load_policy(policy_path.read_text(), str(policy_path))
     with tempfile.TemporaryDirectory() as tmp, Supervisor(Path(tmp)) as sup:
         gateways, endpoints = start_stack(sup, policy, scenario, args, Path(tmp))
-        run = Run(scenario, policy, gateways, args.time_scale, endpoints)
+        run = Run(scenario, policy, gateways, args.time_scale, endpoints, ids=ids or {})
         wall = time.monotonic()
         events = asyncio.run(drive(run))
         wall = time.monotonic() - wall

@@ -14,6 +14,10 @@ by side with their times (scenario seconds; a probing phase is not a move), and 
   other does not is not a difference: the other still had that long to make it);
 - adaptive / oracle within ``--max-cost-gap`` of each other.
 
+Live, each request carries the id the replay gave the same client's same request
+(``live_scenarios.replayed_ids``): what the gateway draws from a request's id (exploration,
+probes, mirrors) is then drawn alike, and the two runs differ in serving and measuring only.
+
 Exit status 1 when a scenario's verdict fails. A replay that does something live serving
 does not (or the reverse) is a bug in one of them: ``gateway/replay/replicas.py`` says what
 the replay reproduces of a running gateway.
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from live_scenarios import add_cost_model, run_one
+from live_scenarios import add_cost_model, replayed_ids, run_one
 
 from backends.sim.cli import cost_for, cost_model_arg
 from gateway.replay.report import summarise
@@ -161,8 +165,9 @@ def main() -> int:
         scenario = scenario.model_copy(update={"seed": scenario.seed + 1000 * args.seed})
         model = scenario.model or next(iter(policy.ladders))
         cost = cost_for(cost_model_arg(args.cost_model), model)
-        replayed = summarise(replay(policy, scenario, cost=cost), policy)
-        live = run_one(path, args.policy, args)
+        run = replay(policy, scenario, cost=cost)
+        replayed = summarise(run, policy)
+        live = run_one(path, args.policy, args, replayed_ids(run))
         verdict = compare(
             replayed, live, args.max_delay_s, args.max_cost_gap, ends_at=scenario.duration_s
         )
