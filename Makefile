@@ -27,11 +27,9 @@ types: $(STAMP)
 
 # In parallel processes (docs/development.md, "Tests in parallel"): the tests mostly wait on
 # loopback servers and subprocesses, so more workers than cores overlap the waiting.
-# The tests marked `alone` then run by themselves: they time a live gateway against replay.
 TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(NOT_TIERS) and not alone"
-	$(BIN)/python -m pytest -m alone
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(NOT_TIERS)"
 NOT_TIERS = not browser and not vllm
 
 # promtool and a Prometheus server for the dashboard's queries (Debian's package, when missing)
