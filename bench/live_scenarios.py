@@ -109,7 +109,7 @@ class Run:
     rng: random.Random = field(default_factory=random.Random)
     talks: dict[tuple[int, int], Talk] = field(default_factory=dict)  # (class, client)
     talked: dict[tuple[int, int], int] = field(default_factory=dict)  # conversations begun
-    ids: Ids = field(default_factory=dict)  # a replay's request ids (``replayed_ids``)
+    ids: Ids = field(default_factory=dict)  # a replay's (``parity.replayed_ids``)
     asked: dict[tuple[str, int], int] = field(default_factory=dict)  # requests sent, by client
 
     def __post_init__(self) -> None:
@@ -506,24 +506,10 @@ def _transition(event: dict[str, Any], started: float) -> Transition:
     )
 
 
-def replayed_ids(replayed: Replay) -> Ids:
-    """The request id a replay gave each client's n-th request, by (class, client, n).
-    Sent with the same requests live, they draw what the gateway draws from a request's id
-    (exploration, probes, mirrors, rollouts) as the replay drew it: the two runs then differ
-    in what serving and measuring do, not in which requests chance picked."""
-    ids: Ids = {}
-    asked: dict[tuple[str, int], int] = {}
-    for row in sorted((r for r in replayed.rows if not r.shadow), key=lambda r: r.index):
-        number = asked.get((row.traffic, row.client), 0)
-        asked[(row.traffic, row.client)] = number + 1
-        ids[(row.traffic, row.client, number)] = f"{replayed.scenario.name}-{row.index}"
-    return ids
-
-
 def run_one(
     path: Path, policy_path: Path, args: argparse.Namespace, ids: Ids | None = None
 ) -> dict[str, Any]:
-    """One scenario live; ``ids``: the request ids to send (``replayed_ids``)."""
+    """One scenario live; ``ids``: the request ids to send (``parity.replayed_ids``)."""
     scenario = load_scenario(path.read_text())
     scenario = scenario.model_copy(update={"seed": scenario.seed + 1000 * args.seed})
     policy = load_policy(policy_path.read_text(), str(policy_path))

@@ -15,7 +15,7 @@ by side with their times (scenario seconds; a probing phase is not a move), and 
 - adaptive / oracle within ``--max-cost-gap`` of each other.
 
 Live, each request carries the id the replay gave the same client's same request
-(``live_scenarios.replayed_ids``): what the gateway draws from a request's id (exploration,
+(``replayed_ids``): what the gateway draws from a request's id (exploration,
 probes, mirrors) is then drawn alike, and the two runs differ in serving and measuring only.
 
 Exit status 1 when a scenario's verdict fails. A replay that does something live serving
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from live_scenarios import add_cost_model, replayed_ids, run_one
+from live_scenarios import Ids, add_cost_model, run_one
 
 from backends.sim.cli import cost_for, cost_model_arg
 from gateway.replay.report import summarise
-from gateway.replay.run import replay
+from gateway.replay.run import Replay, replay
 from gateway.replay.scenario import load_scenario
 from policies.compiled import load_policy
 
@@ -106,6 +106,20 @@ def compare(
     if gap > max_cost_gap:
         problems.append(f"adaptive / oracle {gap:.3f} apart")
     return Verdict(not problems, tuple(problems), tuple(rows))
+
+
+def replayed_ids(replayed: Replay) -> Ids:
+    """The request id a replay gave each client's n-th request, by (class, client, n).
+    Sent with the same requests live, they draw what the gateway draws from a request's id
+    (exploration, probes, mirrors, rollouts) as the replay drew it: the two runs then differ
+    in what serving and measuring do, not in which requests chance picked."""
+    ids: Ids = {}
+    asked: dict[tuple[str, int], int] = {}
+    for row in sorted((r for r in replayed.rows if not r.shadow), key=lambda r: r.index):
+        number = asked.get((row.traffic, row.client), 0)
+        asked[(row.traffic, row.client)] = number + 1
+        ids[(row.traffic, row.client, number)] = f"{replayed.scenario.name}-{row.index}"
+    return ids
 
 
 def report(name: str, replayed: dict[str, Any], live: dict[str, Any], verdict: Verdict) -> str:

@@ -22,8 +22,7 @@ ROOT = Path(__file__).parents[2]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
-from live_scenarios import replayed_ids  # noqa: E402
-from parity import compare, moves  # noqa: E402
+from parity import compare, moves, replayed_ids  # noqa: E402
 
 from gateway.replay.run import replay  # noqa: E402
 from gateway.replay.scenario import load_scenario  # noqa: E402
