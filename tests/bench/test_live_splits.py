@@ -2,7 +2,8 @@
 share one policy slice; through the real gateway, in front of real simulators on loopback
 (``bench/live_scenarios.py``'s clients and pricing, the servers in this process to start in
 a moment), the slice splits by template and the reports' child leaves speculation, as
-``speclane replay`` decides on the same traffic (``bench/parity.py``'s comparison)."""
+``speclane replay`` decides on the same traffic (``bench/parity.py``'s comparison, its live
+requests carrying the replay's ids)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from tests.servers import serving
 BENCH = Path(__file__).parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from live_scenarios import TOKEN, Run, drive, priced, sim_specs, stack_policy  # noqa: E402
+from live_scenarios import TOKEN, Ids, Run, drive, priced, sim_specs, stack_policy  # noqa: E402
+from parity import replayed_ids  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +67,7 @@ def scenario() -> Scenario:
     return loaded.model_copy(update={"duration_s": 60.0, "traffic": [*apps, extract]})
 
 
-async def live(chosen: Scenario, tmp: Path) -> tuple[dict[str, Any], Run]:
+async def live(chosen: Scenario, tmp: Path, ids: Ids) -> tuple[dict[str, Any], Run]:
     policy = load_policy(POLICY)
     args = argparse.Namespace(time_scale=SCALE, method="draft_model", cost_model=COST_MODEL)
     specs = sim_specs(policy, chosen, args, lead_s=0.0)
@@ -79,7 +81,7 @@ async def live(chosen: Scenario, tmp: Path) -> tuple[dict[str, Any], Run]:
         path.write_text(stack_policy(policy, urls))
         settings = Settings(policy=path, time_scale=SCALE, admin_token=TOKEN, outcome_log=log)
         url, _ = await stack.enter_async_context(gateway(settings))
-        run = Run(chosen, policy, [url], SCALE, len(specs))
+        run = Run(chosen, policy, [url], SCALE, len(specs), ids=ids)
         events = await drive(run)
     return priced(run, events, [log], args), run
 
@@ -100,16 +102,11 @@ def late(rows: Any, traffic: str) -> tuple[str, str]:
 
 @pytest.mark.long(14)
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    reason="live, the parent slice sometimes leaves speculation before its applications "
-    "split (then splits about 30 s after replay's), so live and replay differ on some runs",
-    strict=False,
-)
 async def test_two_applications_in_one_slice_split_live_as_in_replay(tmp_path: Path) -> None:
     chosen, policy = scenario(), load_policy(POLICY)
     done = replay(policy, chosen, cost=cost_for(cost_model_arg(COST_MODEL), "qwen3-32b"))
     replayed = summarise(done, policy)
-    summary, run = await live(chosen, tmp_path)
+    summary, run = await live(chosen, tmp_path, replayed_ids(done))
     assert abs(split_at(summary["events"]) - split_at(replayed["events"])) <= 10.0
     children = {f"{SLICE} / app:1", f"{SLICE} / app:2"}
     for rows in (done.rows, run.rows):
