@@ -31,10 +31,16 @@ rules:
 TOPICS = ["a dragon", "the sea", "a city at night", "winter", "a lost key", "two robots"]
 
 
-def served_pools(gateway: Gateway, model: str, prompts: list[str], temperature: float):
+def served_pools(
+    gateway: Gateway, model: str, prompts: list[str], temperature: float, until: str = ""
+):
+    """The pool that served each prompt, in turn; with ``until``, none after the first
+    that pool served."""
     client = gateway.client()
-    pools = []
+    pools: list[str] = []
     for seed, prompt in enumerate(prompts):
+        if until and until in pools:
+            break
         raw = client.chat.completions.with_raw_response.create(
             model=model,
             messages=[{"role": "user", "content": prompt}],
@@ -134,10 +140,14 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
     )
     text = policy(stack, "draft", guardrail) + "slices: {temperature: []}\n"
     with speclane_serve(tmp_path, text) as gateway:
-        sampled = [f"Write a poem about {topic}." for topic in TOPICS]
-        first = served_pools(gateway, stack.model, sampled, temperature=1.5)
+        # until the slice is served below, at most twelve: its fall needs four measured
+        # answers, and in one CI run six went to the draft pool with no fall recorded (why
+        # was not seen: the message now carries the pools' measurement)
+        sampled = [f"Write a poem about {topic}." for topic in TOPICS * 2]
+        first = served_pools(gateway, stack.model, sampled, 1.5, until="standard")
         fell = gateway.admin("/admin/guardrail")["events"]  # type: ignore[index]
-        assert [e["to"]["phase"] for e in fell] == ["fallen_back"], (first, fell)
+        stats = gateway.admin("/admin/stats")
+        assert [e["to"]["phase"] for e in fell] == ["fallen_back"], (first, fell, stats)
         time.sleep(2.5)  # the cooldown
         greedy = [
             f"Repeat exactly:\nclass Point{i}:\n    x = {i}\nclass Point{i}:\n    x = {i}\n"
