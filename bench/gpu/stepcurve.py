@@ -33,7 +33,18 @@ BYTES_PER_ELEMENT = 2  # bf16
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """A Llama-form decoder (``transformers.LlamaConfig`` keywords are derived from it)."""
+    """A Llama-form decoder (``transformers.LlamaConfig`` keywords are derived from it).
+
+    Two forms the field drafts and serves with now, on the same skeleton:
+
+    - ``experts`` > 0: a mixture-of-experts target. Each layer's MLP is ``experts`` SwiGLU
+      experts of ``intermediate`` each and a router; a token runs through ``active`` of them,
+      so a step reads the experts its tokens chose (``weight_bytes_read``), not all of them.
+    - ``fused`` > 0: an EAGLE-3 head, the draft as a single decoder layer at the target's
+      width. It reads the target's hidden states from ``fused`` of its layers (an ``fc``
+      from ``fused * hidden`` to ``hidden``), and its attention projects the token's
+      embedding beside that state (``2 * hidden`` wide). Its embedding is the target's (not
+      counted here), its LM head has its own, smaller vocabulary (``vocab``)."""
 
     name: str
     hidden: int
@@ -47,28 +58,53 @@ class Shape:
     attention_bias: bool = False
     rope_theta: float = 500000.0
     like: str = ""
+    experts: int = 0
+    active: int = 0
+    fused: int = 0
 
     def params(self) -> int:
+        return self._params(self.experts or 1)
+
+    def active_params(self) -> int:
+        """What one token runs through: every part but the experts it did not choose."""
+        return self._params(self.active or 1)
+
+    def _params(self, experts: int) -> int:
         attn_out = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
-        attn = self.hidden * (attn_out + 2 * kv) + attn_out * self.hidden
+        attn_in = self.hidden * (2 if self.fused else 1)
+        attn = attn_in * (attn_out + 2 * kv) + attn_out * self.hidden
         if self.attention_bias:
             attn += attn_out + 2 * kv
-        mlp = 3 * self.hidden * self.intermediate
+        mlp = 3 * self.hidden * self.intermediate * experts + self.hidden * self.experts
         per_layer = attn + mlp + 2 * self.hidden
         embed = self.vocab * self.hidden
+        if self.fused:  # fc, hidden_norm and the LM head; the embedding is the target's
+            return self.layers * per_layer + self.fused * self.hidden**2 + 2 * self.hidden + embed
         return self.layers * per_layer + embed * (1 if self.tied else 2) + self.hidden
 
     def weight_bytes(self) -> int:
         return self.params() * BYTES_PER_ELEMENT
+
+    def weight_bytes_read(self, tokens: int) -> float:
+        """The weights a step of ``tokens`` tokens reads: all of a dense model's; of a
+        mixture, the experts its tokens chose, each once (routing taken as uniform)."""
+        if not self.experts:
+            return float(self.weight_bytes())
+        expert = 3 * self.hidden * self.intermediate * BYTES_PER_ELEMENT
+        missed = (1.0 - self.active / self.experts) ** max(tokens, 1)
+        unread = self.layers * self.experts * missed * expert
+        return self.weight_bytes() - unread
 
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one cached token, all layers."""
         return 2 * self.layers * self.kv_heads * self.head_dim * BYTES_PER_ELEMENT
 
     def flops_per_token(self) -> float:
-        """Matrix FLOPs of one token through the weights (2 per parameter; no attention)."""
-        return 2.0 * (self.params() - self.vocab * self.hidden * (0 if self.tied else 1))
+        """Matrix FLOPs of one token through the weights (2 per parameter it runs through;
+        no attention; the embedding is a lookup)."""
+        lookup = 0 if self.tied or self.fused else self.vocab * self.hidden
+        return 2.0 * (self.active_params() - lookup)
 
     def llama_config(self) -> dict[str, object]:
         return {
@@ -106,11 +142,83 @@ SHAPES: Mapping[str, Shape] = {
             rope_theta=1000000.0,
             like="Qwen2.5-32B dimensions in Llama form",
         ),
+        Shape(
+            "30b-a3b",
+            2048,
+            48,
+            32,
+            4,
+            128,
+            768,
+            151936,
+            rope_theta=1000000.0,
+            experts=128,
+            active=8,
+            like="Qwen3-30B-A3B dimensions in Llama form (its per-head q/k norms left out)",
+        ),
+        Shape(
+            "eagle3-8b",
+            4096,
+            1,
+            32,
+            8,
+            128,
+            14336,
+            32000,
+            fused=3,
+            like="an EAGLE-3 head for Llama-3.1-8B (one layer at its width, a 32k vocabulary)",
+        ),
+        Shape(
+            "eagle3-32b",
+            5120,
+            1,
+            40,
+            8,
+            128,
+            27648,
+            32000,
+            attention_bias=True,
+            rope_theta=1000000.0,
+            fused=3,
+            like="an EAGLE-3 head at the 32B target's width",
+        ),
+        Shape(
+            "eagle3-30b-a3b",
+            2048,
+            1,
+            32,
+            4,
+            128,
+            6144,
+            32000,
+            rope_theta=1000000.0,
+            fused=3,
+            like="an EAGLE-3 head at Qwen3-30B-A3B's width (a dense layer)",
+        ),
         Shape("tiny", 64, 2, 4, 2, 16, 128, 512, like="CPU tests"),
         Shape("tiny-draft", 32, 1, 2, 1, 16, 64, 512, tied=True, like="CPU tests"),
+        Shape("tiny-moe", 64, 2, 4, 2, 16, 32, 512, experts=8, active=2, like="CPU tests"),
+        Shape("tiny-eagle3", 64, 1, 4, 2, 16, 128, 256, fused=3, like="CPU tests"),
     )
 }
-DRAFT_FOR: Mapping[str, str] = {"8b": "1b", "32b": "1b", "1b": "1b", "tiny": "tiny-draft"}
+# ``--draft auto``: the draft each target was measured with; an EAGLE-3 head for the MoE
+# target, whose vendors ship one rather than a small model of the same family
+DRAFT_FOR: Mapping[str, str] = {
+    "8b": "1b",
+    "32b": "1b",
+    "1b": "1b",
+    "30b-a3b": "eagle3-30b-a3b",
+    "tiny": "tiny-draft",
+    "tiny-moe": "tiny-eagle3",
+}
+# ``--draft eagle3``: the EAGLE-3 head at each target's width
+EAGLE_FOR: Mapping[str, str] = {
+    "8b": "eagle3-8b",
+    "32b": "eagle3-32b",
+    "30b-a3b": "eagle3-30b-a3b",
+    "tiny": "tiny-eagle3",
+    "tiny-moe": "tiny-eagle3",
+}
 
 
 def kv_elements(shape: Shape, batch: int, context: int, q: int) -> int:

@@ -8,7 +8,15 @@
 Needs PyTorch and transformers only: no vLLM, no downloads, no network. A Llama-form model
 is built from a ``transformers.LlamaConfig`` with random bf16 weights (``--shape``: ``8b``,
 Llama-3-8B's dimensions, the default; ``32b``, Qwen2.5-32B's dimensions in Llama form, where
-memory permits; ``tiny`` for CPU tests) beside its draft (``1b``, Llama-3.2-1B's; ``--draft``).
+memory permits; ``30b-a3b``, Qwen3-30B-A3B's mixture of 128 experts, 8 active; ``tiny`` and
+``tiny-moe`` for CPU tests) beside its draft (``--draft``: by default ``1b``, Llama-3.2-1B's,
+for the dense targets and an EAGLE-3 head for the mixture; ``eagle3``, an EAGLE-3 head at the
+target's width: one decoder layer fed the target's hidden states, ``stepcurve.Shape``).
+
+A mixture's experts run sorted by expert, through ``torch._grouped_mm`` where it computes on
+the device what a loop over the experts does (checked at start, ``summary.json``'s
+``experts``; one kernel, no host sync, so under a CUDA graph like vLLM's fused MoE), else
+through that loop (eager). A step reads only the experts its tokens chose.
 
 Each cell times one forward of B sequences, q new tokens each (q = 1 is a plain decode
 step, q = k + 1 verifies k drafts), against a cache of L tokens per sequence that is already
@@ -32,7 +40,9 @@ that are tried at start on the device, checked against an fp32 reference, timed,
 faster correct one is used for every cell (``summary.json``'s ``attention``): ``lower_right``
 (``torch.nn.attention.bias.causal_lower_right``, no mask tensor) and ``folded`` (a KV head's
 query heads folded into the query length, with a small boolean mask). Before timing, the
-loop's logits are compared with ``LlamaForCausalLM``'s own on a small batch (``checks``).
+loop's logits are compared with ``LlamaForCausalLM``'s own on a small batch (``checks``); a
+mixture or an EAGLE-3 head, which transformers has no Llama form of, is compared there in
+its dense Llama form, and in its own form its cached step against the whole sequence.
 
 On CUDA each cell is captured once as a CUDA graph and its replays are timed with CUDA
 events, after warm-ups (vLLM decodes under CUDA graphs; eager Python launches would dominate
@@ -90,7 +100,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="write steptime.csv and summary.json here")
     p.add_argument("--shape", default="8b", help="target shapes, comma-separated, run in order")
-    p.add_argument("--draft", default="auto", help="draft shape (auto: by target; none: no draft)")
+    p.add_argument(
+        "--draft",
+        default="auto",
+        help="draft shape (auto: by target; eagle3: an EAGLE-3 head at the target's width; "
+        "none: no draft)",
+    )
     p.add_argument("--batches", type=_ints, default=sc.BATCHES)
     p.add_argument("--queries", type=_ints, default=sc.QUERIES)
     p.add_argument("--contexts", type=_ints, default=sc.CONTEXTS, help="in measuring order")
@@ -113,7 +128,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in args.shape.split(","):
         if name not in sc.SHAPES:
             p.error(f"unknown shape {name!r}; known: {', '.join(sc.SHAPES)}")
-    if args.draft not in ("auto", "none") and args.draft not in sc.SHAPES:
+    if args.draft not in ("auto", "none", "eagle3") and args.draft not in sc.SHAPES:
         p.error(f"unknown draft shape {args.draft!r}")
     if not (args.analyse or args.plan or args.out):
         p.error("--out is required (or --analyse / --plan)")
@@ -123,22 +138,117 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def draft_of(args: argparse.Namespace, target: str) -> str | None:
     if args.draft == "none":
         return None
+    if args.draft == "eagle3":
+        return sc.EAGLE_FOR.get(target)
     return sc.DRAFT_FOR.get(target) if args.draft == "auto" else args.draft
 
 
 # --- the model and its thin forward ----------------------------------------------------------
 
 
-def build_model(shape: sc.Shape, device: Any, dtype: Any) -> Any:
-    """``LlamaForCausalLM`` of ``shape`` with random weights, built on ``device``."""
+def build_model(shape: sc.Shape, device: Any, dtype: Any, **config: Any) -> Any:
+    """``LlamaForCausalLM`` of ``shape`` with random weights, built on ``device``; an EAGLE-3
+    head's attention takes ``2 * hidden`` inputs, and it gets its ``fc`` and
+    ``hidden_norm`` (``sc.Shape``)."""
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(**shape.llama_config())
+    llama = transformers.LlamaConfig(**shape.llama_config(), **config)
     torch.manual_seed(zlib.crc32(shape.name.encode()))
     with torch.device(device):
-        model = transformers.LlamaForCausalLM._from_config(config, dtype=dtype)
+        model = transformers.LlamaForCausalLM._from_config(llama, dtype=dtype)
+        if shape.fused:
+            for layer in model.model.layers:
+                attn = layer.self_attn
+                for name in ("q_proj", "k_proj", "v_proj"):
+                    old = getattr(attn, name)
+                    wide = torch.nn.Linear(2 * shape.hidden, old.out_features, old.bias is not None)
+                    setattr(attn, name, wide.to(dtype))
+            fc = torch.nn.Linear(shape.fused * shape.hidden, shape.hidden, bias=False)
+            model.fc = fc.to(dtype)
+            model.hidden_norm = type(model.model.norm)(shape.hidden, eps=1e-5).to(dtype)
     return model.eval()
+
+
+def build_experts(shape: sc.Shape, device: Any, dtype: Any, grouped: bool) -> list[Experts]:
+    """Each layer's experts and router, random (std ``INIT_STD``), for a mixture's MLPs."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(shape.name.encode()) + 1)
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+
+    def weights(*dims: int) -> Any:
+        out = torch.empty(*dims, device=device, dtype=dtype)
+        return out.normal_(std=INIT_STD, generator=gen)
+
+    return [
+        Experts(weights(e, h), weights(e, 2 * i, h), weights(e, h, i), shape.active, grouped)
+        for _ in range(shape.layers)
+    ]
+
+
+INIT_STD = 0.02
+
+
+@dataclass
+class Experts:
+    """One layer's mixture (``sc.Shape``): a router [E, H] and E SwiGLU experts, gate and up
+    stacked [E, 2I, H], down [E, H, I]. A token's output is its ``active`` chosen experts'
+    outputs weighted by their renormalised router probabilities. The tokens are sorted by
+    expert and each expert runs once over its rows: by ``torch._grouped_mm`` where
+    ``grouped`` (one kernel for all experts, no host sync, so it runs under a CUDA graph, as
+    vLLM's fused MoE kernels do), else a loop over the experts chosen (the sizes read on the
+    host, so eager)."""
+
+    router: Any
+    gate_up: Any
+    down: Any
+    active: int
+    grouped: bool
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        b, n, h = x.shape
+        flat = x.reshape(b * n, h)
+        probs = (flat @ self.router.t()).float().softmax(-1)
+        weights, chosen = probs.topk(self.active, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype).flatten()
+        picks = chosen.flatten()
+        order = picks.argsort(stable=True)
+        rows = order // self.active
+        counts = torch.zeros(self.router.shape[0], dtype=torch.int64, device=x.device)
+        counts.index_add_(0, picks, torch.ones_like(picks))
+        ffn = grouped_ffn if self.grouped else looped_ffn
+        ys = ffn(flat.index_select(0, rows), counts, self.gate_up, self.down)
+        ys = ys * weights.index_select(0, order)[:, None]
+        return torch.zeros_like(flat).index_add_(0, rows, ys).view(b, n, h)
+
+
+def grouped_ffn(xs: Any, counts: Any, gate_up: Any, down: Any) -> Any:
+    """Rows sorted by expert (``counts`` of each) through their experts, one grouped kernel
+    per projection."""
+    import torch
+    import torch.nn.functional as F
+
+    offsets = counts.cumsum(0).to(torch.int32)
+    gate, up = torch._grouped_mm(xs, gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
+    out = torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offsets)
+    return out
+
+
+def looped_ffn(xs: Any, counts: Any, gate_up: Any, down: Any) -> Any:
+    """``grouped_ffn`` as a loop over the experts that have rows."""
+    import torch.nn.functional as F
+
+    out = xs.new_empty(xs.shape[0], down.shape[1])
+    start = 0
+    for e, count in enumerate(counts.tolist()):
+        if count:
+            gate, up = (xs[start : start + count] @ gate_up[e].t()).chunk(2, dim=-1)
+            out[start : start + count] = (F.silu(gate) * up) @ down[e].t()
+            start += count
+    return out
 
 
 def rotate(x: Any, cos: Any, sin: Any) -> Any:
@@ -219,21 +329,37 @@ ATTENTIONS: dict[str, Attention] = {
 
 @dataclass
 class Loop:
-    """The model's modules, run over a cache it does not own."""
+    """The model's modules, run over a cache it does not own; a mixture's MLPs are its
+    ``experts``. An EAGLE-3 head's step also takes the target's hidden states from
+    ``shape.fused`` layers (``features``: [B, q, fused * hidden]): its one layer attends over
+    the token's normalised embedding beside the normalised ``fc`` of those, and adds its
+    output to the latter."""
 
     model: Any
     shape: sc.Shape
     attention: Attention
+    experts: list[Experts] | None = None
 
     def forward(
-        self, ids: Any, cos: Any, sin: Any, caches: Sequence[tuple[Any, Any]], context: int
+        self,
+        ids: Any,
+        cos: Any,
+        sin: Any,
+        caches: Sequence[tuple[Any, Any]],
+        context: int,
+        features: Any = None,
     ) -> Any:
+        import torch
+
         inner, shape = self.model.model, self.shape
         b, n = ids.shape
         h = inner.embed_tokens(ids)
-        for layer, (kc, vc) in zip(inner.layers, caches, strict=True):
+        for i, (layer, (kc, vc)) in enumerate(zip(inner.layers, caches, strict=True)):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
+            if shape.fused and i == 0:
+                h = self.model.fc(features)
+                x = torch.cat((x, self.model.hidden_norm(h)), dim=-1)
             q = attn.q_proj(x).view(b, n, shape.heads, shape.head_dim).transpose(1, 2)
             k = attn.k_proj(x).view(b, n, shape.kv_heads, shape.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(b, n, shape.kv_heads, shape.head_dim).transpose(1, 2)
@@ -242,8 +368,18 @@ class Loop:
             vc[:, :, context : context + n].copy_(v)
             o = self.attention(q, kc, vc, context, n)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(b, n, shape.heads * shape.head_dim))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            mlp = self.experts[i] if self.experts else layer.mlp
+            h = h + mlp(layer.post_attention_layernorm(h))
         return self.model.lm_head(inner.norm(h))
+
+    def features(self, batch: int, n: int, device: Any, gen: Any = None) -> Any:
+        """Random target hidden states for an EAGLE-3 head's step (None for other shapes)."""
+        import torch
+
+        if not self.shape.fused:
+            return None
+        dims = (batch, n, self.shape.fused * self.shape.hidden)
+        return torch.randn(*dims, device=device, dtype=self.model.dtype, generator=gen)
 
     def positions(self, batch: int, context: int, n: int, device: Any) -> tuple[Any, Any]:
         """cos, sin for positions context .. context + n - 1 of every sequence: [B, 1, n, D]."""
@@ -398,9 +534,10 @@ def measure_cell(run: Run, loop: Loop, arena: Any, spec: sc.Spec) -> sc.Cell:
         gen = torch.Generator(device=run.device).manual_seed(spec.batch * 1000 + spec.q)
         ids = torch.randint(0, shape.vocab, (spec.batch, spec.q), device=run.device, generator=gen)
         cos, sin = loop.positions(spec.batch, spec.context, spec.q, run.device)
+        features = loop.features(spec.batch, spec.q, run.device, gen)
 
         def step() -> Any:
-            return loop.forward(ids, cos, sin, caches, spec.context)
+            return loop.forward(ids, cos, sin, caches, spec.context, features)
 
         cell.mode = "eager"
         if run.timing.graphs:
@@ -470,9 +607,12 @@ def build_shape(
     names = ", ".join(f"{s.name} ({s.params() / 1e9:.2f}B params)" for s in shapes)
     log(f"building {names}")
     try:
+        attention = ATTENTIONS[run.summary["attention"]["chosen"]]
+        grouped = run.summary.get("experts", {}).get("chosen") == "grouped"
         for s in shapes:
             model = build_model(s, run.device, run.dtype)
-            models[s.name] = Loop(model, s, ATTENTIONS[run.summary["attention"]["chosen"]])
+            experts = build_experts(s, run.device, run.dtype, grouped) if s.experts else None
+            models[s.name] = Loop(model, s, attention, experts)
         arena = make_arena(run, specs)
     except torch.cuda.OutOfMemoryError as exc:
         models.clear()
@@ -626,6 +766,113 @@ def check_against_transformers(run: Run, shape: sc.Shape, attention: Attention) 
     return result
 
 
+def check_shape(run: Run, shape: sc.Shape, attention: Attention) -> dict[str, Any]:
+    """A Llama shape against transformers (``check_against_transformers``); a mixture or an
+    EAGLE-3 head, which transformers has no Llama form of, on its dense Llama form there,
+    and in its own form the cached path against the whole (``check_cached_against_whole``)."""
+    if not (shape.fused or shape.experts):
+        return check_against_transformers(run, shape, attention)
+    plain = dataclasses.replace(shape, fused=0, experts=0, active=0)
+    dense = check_against_transformers(run, plain, attention)
+    own = check_cached_against_whole(run, shape, attention)
+    errors = [r.get("relative_error", math.inf) for r in (dense, own)]
+    return {
+        "ok": bool(dense.get("ok")) and bool(own.get("ok")),
+        "relative_error": max(errors),
+        "dense_form": dense,
+        "cached_against_whole": own,
+    }
+
+
+def check_cached_against_whole(run: Run, shape: sc.Shape, attention: Attention) -> dict[str, Any]:
+    """The loop on a float32 two-layer model of ``shape`` (a 1024-token vocabulary, at most
+    8 experts): L tokens written to the cache and q more read against it give the logits
+    that all L + q tokens at once give for those q. A wrong position, mask, cache write, fused
+    input or routing shows as it does against transformers."""
+    import torch
+
+    small = dataclasses.replace(
+        shape,
+        layers=min(shape.layers, 2),
+        vocab=1024,
+        experts=min(shape.experts, 8),
+        active=min(shape.active, 2),
+    )
+    b, context, n = 2, 48, 5
+    try:
+        model = build_model(small, run.device, torch.float32, initializer_range=0.1)
+        grouped = run.summary.get("experts", {}).get("chosen") == "grouped"
+        experts = build_experts(small, run.device, torch.float32, grouped)
+        loop = Loop(model, small, attention, experts if small.experts else None)
+        gen = torch.Generator(device=run.device).manual_seed(run.args.seed + 3)
+        ids = torch.randint(0, small.vocab, (b, context + n), device=run.device, generator=gen)
+        features = loop.features(b, context + n, run.device, gen)
+        whole = _through(loop, ids, features, 0, run.device)[:, context:]
+        arena = torch.empty(
+            sc.kv_elements(small, b, context, n), device=run.device, dtype=torch.float32
+        )
+        caches = carve(arena, small, b, context, n)
+        first = [(kc[:, :, :context], vc[:, :, :context]) for kc, vc in caches]
+        cos, sin = loop.positions(b, 0, context, run.device)
+        head = None if features is None else features[:, :context]
+        loop.forward(ids[:, :context], cos, sin, first, 0, head)
+        cos, sin = loop.positions(b, context, n, run.device)
+        tail = None if features is None else features[:, context:]
+        got = loop.forward(ids[:, context:], cos, sin, caches, context, tail)
+        err = float((got - whole).norm() / whole.norm())
+        result: dict[str, Any] = {"relative_error": err, "ok": err < 1e-4}
+        del model, loop, arena, caches, first
+    except Exception as exc:
+        result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    free_memory()
+    log(f"the loop, cached against whole ({shape.name} dimensions, fp32): {result}")
+    return result
+
+
+def _through(loop: Loop, ids: Any, features: Any, context: int, device: Any) -> Any:
+    """All of ``ids`` at once through ``loop``, on a cache of its own."""
+    import torch
+
+    b, n = ids.shape
+    arena = torch.empty(sc.kv_elements(loop.shape, b, 0, n), device=device, dtype=torch.float32)
+    cos, sin = loop.positions(b, context, n, device)
+    return loop.forward(ids, cos, sin, carve(arena, loop.shape, b, 0, n), context, features)
+
+
+def choose_experts(run: Run, names: Sequence[str]) -> dict[str, Any]:
+    """For a run with a mixture: whether ``torch._grouped_mm`` computes what the loop over
+    experts does, on this device in the run's dtype (a small mixture of the first such
+    shape's width, against the loop in float32); grouped where it does (``Experts``)."""
+    import torch
+
+    shape = next((sc.SHAPES[n] for n in names if sc.SHAPES[n].experts), None)
+    if shape is None:
+        return {}
+    small = dataclasses.replace(shape, layers=1, experts=min(shape.experts, 16))
+    out: dict[str, Any] = {"chosen": "looped", "failed": {}}
+    try:
+        (layer,) = build_experts(small, run.device, torch.float32, grouped=False)
+        gen = torch.Generator(device=run.device).manual_seed(run.args.seed + 4)
+        x = torch.randn(3, 5, small.hidden, device=run.device, generator=gen)
+        ref = layer(x)
+        cast = Experts(
+            *(t.to(run.dtype) for t in (layer.router, layer.gate_up, layer.down)),
+            small.active,
+            grouped=True,
+        )
+        got = cast(x.to(run.dtype)).float()
+        out["relative_error"] = float((got - ref).norm() / ref.norm())
+        if out["relative_error"] < 2e-2:
+            out["chosen"] = "grouped"
+        else:
+            out["failed"]["grouped"] = f"relative error {out['relative_error']:.2e}"
+    except Exception as exc:
+        out["failed"]["grouped"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    free_memory()
+    log(f"experts: {out['chosen']} ({out['failed'] or 'grouped agrees with the loop'})")
+    return out
+
+
 def ceilings(run: Run) -> dict[str, Any]:
     """The two ceilings on this card: device-to-device copy (bytes read + written) and a bf16
     matrix product, each the median of a few timed runs."""
@@ -738,7 +985,8 @@ def plan(args: argparse.Namespace) -> None:
             need = sc.kv_elements(shape, spec.batch, spec.context, spec.q) * 2
             tokens = spec.batch * spec.q
             compute = tokens * shape.flops_per_token() / flops
-            ms = 1e3 * (max(shape.weight_bytes() / bandwidth + 1e-3, compute) + need / bandwidth)
+            weights_s = shape.weight_bytes_read(tokens) / bandwidth
+            ms = 1e3 * (max(weights_s + 1e-3, compute) + need / bandwidth)
             fits = need <= arena
             reps = min(max(args.target_ms / ms, args.min_reps), args.max_reps)
             wall = 0.15 + (args.warmup + 2 + reps) * ms / 1e3 if fits else 0.0
@@ -786,6 +1034,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name: {
                     "like": s.like,
                     "params": s.params(),
+                    "active_params": s.active_params(),
                     "weight_bytes": s.weight_bytes(),
                     "kv_bytes_per_token": s.kv_bytes_per_token(),
                 }
@@ -798,10 +1047,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             run.summary["ceilings"] = ceilings(run)
             run.summary["attention"] = choose_attention(run)
             chosen = ATTENTIONS[run.summary["attention"]["chosen"]]
-            for name in dict.fromkeys([*targets, *filter(None, [draft_of(args, targets[0])])]):
-                run.summary["checks"][name] = check_against_transformers(
-                    run, sc.SHAPES[name], chosen
-                )
+            names = list(dict.fromkeys([*targets, *filter(None, [draft_of(args, targets[0])])]))
+            run.summary["experts"] = choose_experts(run, names)
+            for name in names:
+                run.summary["checks"][name] = check_shape(run, sc.SHAPES[name], chosen)
             for i, target in enumerate(targets):
                 # the draft's step does not depend on the target: measured once, with the first
                 run_shape(run, target, draft_of(args, target) if i == 0 else None)

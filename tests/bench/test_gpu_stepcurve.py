@@ -45,6 +45,28 @@ def test_shapes_are_the_models_they_stand_for():
     assert config["num_key_value_heads"] == 8 and config["intermediate_size"] == 14336
 
 
+def test_the_mixture_and_the_eagle_head_are_the_models_they_stand_for():
+    moe = sc.SHAPES["30b-a3b"]
+    # Qwen3-30B-A3B: 30.5B parameters, 3.3B of them active for a token
+    assert moe.params() == pytest.approx(30.5e9, rel=0.01)
+    assert moe.active_params() == pytest.approx(3.3e9, rel=0.03)
+    assert moe.kv_bytes_per_token() == 2 * 48 * 4 * 128 * 2
+    # a step reads the experts its tokens chose: a token's eight, a full batch nearly all
+    assert moe.weight_bytes_read(1) == pytest.approx(2 * moe.active_params(), rel=1e-9)
+    reads = [moe.weight_bytes_read(t) for t in (1, 8, 64, 1024)]
+    assert reads == sorted(reads) and reads[-1] == pytest.approx(moe.weight_bytes(), rel=1e-6)
+    assert moe.flops_per_token() < 2 * moe.active_params()
+    for target, head in sc.EAGLE_FOR.items():
+        assert sc.SHAPES[head].hidden == sc.SHAPES[target].hidden and sc.SHAPES[head].fused == 3
+    eagle = sc.SHAPES["eagle3-8b"]
+    # one layer at 8B's width, an fc from three of its layers' states, a 32k-token LM head
+    layer = 2 * 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    assert eagle.params() == layer + 3 * 4096**2 + 2 * 4096 + 32000 * 4096
+    assert 0.4e9 < eagle.params() < 0.45e9 and eagle.layers == 1
+    assert sc.SHAPES["8b"].weight_bytes_read(64) == sc.SHAPES["8b"].weight_bytes()
+    assert sc.DRAFT_FOR["30b-a3b"] == "eagle3-30b-a3b"
+
+
 def test_the_grid_measures_what_matters_first():
     specs = sc.grid("8b", "1b", sc.BATCHES, sc.QUERIES, sc.CONTEXTS)
     assert len(specs) == 3 * 9 * (5 + 1)
@@ -171,6 +193,14 @@ def test_the_script_plans_and_analyses_without_torch(tmp_path):
     )
     assert plan.returncode == 0, plan.stderr
     assert "skip" in plan.stdout and "cells' wall time" in plan.stdout
+    moe = subprocess.run(
+        [env_python, str(SCRIPT), "--plan", "--shape", "30b-a3b", "--draft", "eagle3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert moe.returncode == 0, moe.stderr
+    assert "30b-a3b target" in moe.stdout and "eagle3-30b-a3b draft" in moe.stdout
     path = tmp_path / "steptime.csv"
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=sc.CSV_FIELDS)

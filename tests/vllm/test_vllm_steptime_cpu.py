@@ -87,3 +87,31 @@ def test_a_spent_budget_records_every_cell_as_skipped(python, tmp_path):
     assert {r["status"] for r in rows} == {"skipped-budget"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cells"] == {"skipped-budget": 54}
+
+
+def test_a_mixture_target_with_an_eagle_head_runs_checked(python, tmp_path):
+    # the MoE target (grouped experts where torch computes them as the loop does) and an
+    # EAGLE-3 head as its draft, each checked before timing
+    done = steptime(
+        python,
+        *("--shape", "tiny-moe", "--draft", "eagle3", "--out", str(tmp_path)),
+        *("--batches", "1,4,16", "--queries", "1,5", "--contexts", "64"),
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cells"] == {"ok": 3 * (2 + 1)}
+    assert summary["experts"]["chosen"] in ("grouped", "looped")
+    if summary["experts"]["chosen"] == "looped":
+        assert summary["experts"]["failed"]["grouped"]
+    for name in ("tiny-moe", "tiny-eagle3"):
+        check = summary["checks"][name]
+        assert check["ok"] and check["relative_error"] < 1e-4, check
+        assert check["cached_against_whole"]["ok"] and check["dense_form"]["ok"]
+    shapes = summary["shapes"]
+    assert shapes["tiny-moe"]["active_params"] < shapes["tiny-moe"]["params"]
+    with (tmp_path / "steptime.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {(r["shape"], r["role"]) for r in rows} == {
+        ("tiny-moe", "target"),
+        ("tiny-eagle3", "draft"),
+    }
+    assert "where a k=4 step stops paying (draft: tiny-eagle3)" in done.stdout
