@@ -13,9 +13,9 @@ on that policy instead of ``--policy``. Each scenario runs on each cost model (d
 seed (the scenario's own seed plus the offset); the table shows the mean over seeds and the
 spread when there are several. A seed draws the traffic (arrivals, bodies, acceptance), not
 the exploration: probes, mirrors and explored requests are drawn from the request ids, the
-scenario's name and the request's number, the same under every seed. JSON summaries and PNG charts go to ``--out`` (default
-``bench/out/decision/<label>``). ``--write`` replaces the table of the same label in
-``bench/RESULTS.md`` (or appends it), between marker comments.
+scenario's name and the request's number, the same under every seed. JSON summaries and PNG
+charts go to ``--out`` (default ``bench/out/decision/<label>``). ``--write`` replaces the
+table of the same label in ``bench/RESULTS.md`` (or appends it), between marker comments.
 """
 
 from __future__ import annotations
