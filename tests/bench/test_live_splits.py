@@ -47,7 +47,7 @@ POLICY = (
     )
 )
 COST_MODEL = "gpu"
-SCALE = 0.15  # sixty scenario seconds in nine
+SCALE = 0.3  # sixty scenario seconds in eighteen
 
 
 def scenario() -> Scenario:
@@ -100,7 +100,7 @@ def late(rows: Any, traffic: str) -> tuple[str, str]:
     return where
 
 
-@pytest.mark.long(14)
+@pytest.mark.long(20)
 @pytest.mark.timeout(120)
 async def test_two_applications_in_one_slice_split_live_as_in_replay(tmp_path: Path) -> None:
     chosen, policy = scenario(), load_policy(POLICY)
