@@ -31,6 +31,9 @@ pools:
     cost_per_hour: 12
   standard: {{kind: standard, model: qwen3-32b, endpoints: ["{std}"], cost_per_hour: 8}}
 ladder: [spec, standard]
+# no exploration: these tests count what each pool served, and an explored request (served
+# by the standard pool to learn its step time, drawn at random) would move one
+guardrail: {{probe_fraction: 0}}
 rules:
   - name: structured
     match: {{response_format: [json_object, json_schema]}}
