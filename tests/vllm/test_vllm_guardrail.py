@@ -159,7 +159,7 @@ def test_one_client_with_one_key_recovers(stack: StackState, tmp_path):
     itself measures on the two kinds of prompt first, a third and two thirds of the way from
     the sampled poems' dearest four to the greedy repeats' cheapest four: the tiny models are
     built on each machine, and what their draft accepts differs from one build to another
-    (sampled poems 0.06-0.14 and greedy repeats 0.17-0.26 on one; 0.10-0.20 and 0.84-1.0 on
+    (sampled poems 0.06-0.14 and greedy repeats 0.17-0.26 on one; 0.08-0.20 and 0.84-1.0 on
     another)."""
     sampled = [f"Write a poem about {topic}." for topic in TOPICS * 2]
     greedy = [
