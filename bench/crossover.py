@@ -76,17 +76,17 @@ def over(adaptive: dict[int, float], standard: dict[int, float]) -> tuple[int, i
 
 def report(scenario: Scenario, text: str, model: str, window: float) -> list[str]:
     cost = cost_for(cost_model_arg(model), scenario.model or "")
-    runs = {name: replay(policy, scenario, cost=cost) for name, policy in policies(text).items()}
-    adaptive = runs["adaptive"]
-    cells = summarise(adaptive, policies(text)["adaptive"])["cells"]
+    compiled = policies(text)
+    runs = {name: replay(policy, scenario, cost=cost) for name, policy in compiled.items()}
+    rows = {name: served(done) for name, done in runs.items()}
+    cells = summarise(runs["adaptive"], compiled["adaptive"])["cells"]
     vs_standard = {c["phase"]: c["adaptive_vs_always_standard"] for c in cells}
     bounds = sorted(scenario.phases.items(), key=lambda kv: kv[1]) + [("", scenario.duration_s)]
     lines = [f"== {scenario.name} on {model}"]
     lines.append("phase       TPOT p50 ms: adaptive  standard   cut    cost vs standard")
     for (phase, start), (_, end) in zip(bounds, bounds[1:], strict=False):
         got = {
-            name: tpot([r for r in served(done) if start <= r.arrival < end])
-            for name, done in runs.items()
+            name: tpot([r for r in mine if start <= r.arrival < end]) for name, mine in rows.items()
         }
         a, s = got["adaptive"], got["always-standard"]
         cut = f"{1 - a / s:6.1%}" if a and s else "   -  "
@@ -95,7 +95,7 @@ def report(scenario: Scenario, text: str, model: str, window: float) -> list[str
             f"{phase:10}  {_ms(a):>21}  {_ms(s):>8}  {cut}  "
             + (f"{cost:.3f}" if cost is not None else "-")
         )
-    windows = {name: ttft_by_window(served(done), window) for name, done in runs.items()}
+    windows = {name: ttft_by_window(mine, window) for name, mine in rows.items()}
     count, longest = over(windows["adaptive"], windows["always-standard"])
     worst = max(
         (a / windows["always-standard"][w], w)

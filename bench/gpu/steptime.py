@@ -233,8 +233,7 @@ def grouped_ffn(xs: Any, counts: Any, gate_up: Any, down: Any) -> Any:
 
     offsets = counts.cumsum(0).to(torch.int32)
     gate, up = torch._grouped_mm(xs, gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
-    out = torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offsets)
-    return out
+    return torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offsets)
 
 
 def looped_ffn(xs: Any, counts: Any, gate_up: Any, down: Any) -> Any:
@@ -608,10 +607,9 @@ def build_shape(
     log(f"building {names}")
     try:
         attention = ATTENTIONS[run.summary["attention"]["chosen"]]
-        grouped = run.summary.get("experts", {}).get("chosen") == "grouped"
         for s in shapes:
             model = build_model(s, run.device, run.dtype)
-            experts = build_experts(s, run.device, run.dtype, grouped) if s.experts else None
+            experts = build_experts(s, run.device, run.dtype, _grouped(run)) if s.experts else None
             models[s.name] = Loop(model, s, attention, experts)
         arena = make_arena(run, specs)
     except torch.cuda.OutOfMemoryError as exc:
@@ -801,13 +799,12 @@ def check_cached_against_whole(run: Run, shape: sc.Shape, attention: Attention) 
     b, context, n = 2, 48, 5
     try:
         model = build_model(small, run.device, torch.float32, initializer_range=0.1)
-        grouped = run.summary.get("experts", {}).get("chosen") == "grouped"
-        experts = build_experts(small, run.device, torch.float32, grouped)
+        experts = build_experts(small, run.device, torch.float32, _grouped(run))
         loop = Loop(model, small, attention, experts if small.experts else None)
         gen = torch.Generator(device=run.device).manual_seed(run.args.seed + 3)
         ids = torch.randint(0, small.vocab, (b, context + n), device=run.device, generator=gen)
         features = loop.features(b, context + n, run.device, gen)
-        whole = _through(loop, ids, features, 0, run.device)[:, context:]
+        whole = _through(loop, ids, features, run.device)[:, context:]
         arena = torch.empty(
             sc.kv_elements(small, b, context, n), device=run.device, dtype=torch.float32
         )
@@ -829,14 +826,19 @@ def check_cached_against_whole(run: Run, shape: sc.Shape, attention: Attention) 
     return result
 
 
-def _through(loop: Loop, ids: Any, features: Any, context: int, device: Any) -> Any:
-    """All of ``ids`` at once through ``loop``, on a cache of its own."""
+def _through(loop: Loop, ids: Any, features: Any, device: Any) -> Any:
+    """All of ``ids`` at once through ``loop``, from position 0, on a cache of its own."""
     import torch
 
     b, n = ids.shape
     arena = torch.empty(sc.kv_elements(loop.shape, b, 0, n), device=device, dtype=torch.float32)
-    cos, sin = loop.positions(b, context, n, device)
-    return loop.forward(ids, cos, sin, carve(arena, loop.shape, b, 0, n), context, features)
+    cos, sin = loop.positions(b, 0, n, device)
+    return loop.forward(ids, cos, sin, carve(arena, loop.shape, b, 0, n), 0, features)
+
+
+def _grouped(run: Run) -> bool:
+    """Whether this run's mixtures use the grouped kernel (``choose_experts``)."""
+    return bool(run.summary.get("experts", {}).get("chosen") == "grouped")
 
 
 def choose_experts(run: Run, names: Sequence[str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ stays when it costs a quarter."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -43,14 +44,21 @@ def served_pools(
         if until and until in pools:
             break
         raw = client.chat.completions.with_raw_response.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            temperature=temperature,
-            seed=seed,
-            max_tokens=48,
+            **asked(model, prompt, temperature, seed)
         )
         pools.append(raw.headers["x-speclane-pool"])
     return pools
+
+
+def asked(model: str, prompt: str, temperature: float, seed: int) -> dict[str, Any]:
+    """One prompt's chat request, as every test here sends it."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": temperature,
+        "seed": seed,
+        "max_tokens": 48,
+    }
 
 
 def policy(stack: StackState, spec: str, guardrail: str) -> str:
@@ -133,13 +141,7 @@ def draft_acceptance(stack: StackState, prompts: list[str], temperature: float) 
     url = next(s.url for s in stack.servers if s.name == "draft")
     out = []
     for seed, prompt in enumerate(prompts):
-        body = {
-            "model": stack.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": temperature,
-            "seed": seed,
-            "max_tokens": 48,
-        }
+        body = asked(stack.model, prompt, temperature, seed)
         answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
         out.append(float(answer["metrics"]["speculative_decoding"]["draft_acceptance_rate"]))
     return out
