@@ -27,7 +27,7 @@ types: $(STAMP)
 
 # In parallel processes (docs/development.md, "Tests in parallel"): the tests mostly wait on
 # loopback servers and subprocesses, so more workers than cores overlap the waiting.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(NOT_TIERS)"
 NOT_TIERS = not browser and not vllm
