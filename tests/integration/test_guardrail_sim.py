@@ -83,7 +83,9 @@ async def test_collapse_falls_back_within_min_samples_and_probing_recovers(tmp_p
 
         auth = {"authorization": "Bearer t"}
         events = (await c.get(url + "/admin/guardrail", headers=auth)).json()
-        fall = events["events"][-1]
+        # the fall, whatever followed it: on a loaded machine the chat above can outlast
+        # cooldown_s, and the slice is probing by now
+        fall = next(e for e in events["events"] if e["to"]["phase"] == "fallen_back")
         assert fall["slice"].startswith("code / ") and fall["to"]["offset"] == 1
         assert fall["numbers"]["acceptance"] < 0.4
 
