@@ -6,7 +6,12 @@ slice's conversations are like; changes nothing but the decision it returns.
 Only a request whose conversation an endpoint of another pool of its ladder was sent is
 priced: a new conversation follows the rung at once, and so do
 a pinned request, a probe sent up the ladder, an experiment's request and one whose cached
-pool has no endpoint in service. A request that carries a mirrored probe of the rung above
+pool has no endpoint in service. A first turn is a new conversation even where its whole
+prompt was sent before (a template's shared opening, a prompt sent again): what a pool
+holds of it is the same for every request that opens alike, so it is prefilled once on
+the pool the slice moved to and cached there for the rest. Priced per request, it would
+keep every one of them where the prompt was first cached, and the pool the slice moved to
+would never hold it. A request that carries a mirrored probe of the rung above
 is priced like the rest: kept on the pool the probe is for, it is the probe itself, served
 on its warm cache, and no mirror re-prefills its conversation there.
 """
@@ -69,7 +74,7 @@ def keep_or_move(
     than it saves; what happened (None: nothing to price) and the pool it was held on."""
     held = _held_by_pool(affinity, pools)
     mirrored = decision.shadow_to is not None and decision.shadow_to != decision.pool
-    if not held or (decision.probe and not mirrored) or decision.arm:
+    if not held or features.prompt.turn <= 1 or (decision.probe and not mirrored) or decision.arm:
         return decision, None, ""
     old, blocks = max(held.items(), key=lambda item: item[1])
     if old == decision.pool or old not in decision.rungs or not pools.healthy(old):

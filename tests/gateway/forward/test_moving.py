@@ -1,8 +1,8 @@
 """A cached conversation whose slice is now served on another pool: kept where its cache is
 when moving costs more than it saves (the decision's pool, rungs and reason say so), moved
-when it pays, and left alone when it is new, a probe sent up the ladder, an experiment's, or
-cached on a pool that is out of the ladder or of service. A request carrying a mirrored
-probe is priced like the rest."""
+when it pays, and left alone when it is new (a first turn, however much of it is cached), a
+probe sent up the ladder, an experiment's, or cached on a pool that is out of the ladder or
+of service. A request carrying a mirrored probe is priced like the rest."""
 
 from __future__ import annotations
 
@@ -49,13 +49,17 @@ def learned(turns: int) -> Conversations:
 
 
 def decide(
-    held: dict[str, int], decision: Decision = FALLEN, prices: Priced | None = None, turns: int = 9
+    held: dict[str, int],
+    decision: Decision = FALLEN,
+    prices: Priced | None = None,
+    turns: int = 9,
+    features: Features = FEATURES,
 ):
     pools = Pools(POOLS, Upstream(), lambda: 0.0)
     prices = prices or Priced({"spec": 0.012, "standard": 0.010}, {"standard": 0.0003})
     past = {url for url, blocks in held.items() if blocks > 7}  # beyond the opening
     affinity = Affinity(5, held, frozenset(past))
-    return keep_or_move(decision, FEATURES, affinity, pools, prices, learned(turns), 0.0)
+    return keep_or_move(decision, features, affinity, pools, prices, learned(turns), 0.0)
 
 
 def test_a_conversation_with_little_left_to_save_is_kept_where_it_is_cached():
@@ -88,6 +92,17 @@ def test_what_is_new_probing_or_in_an_experiment_follows_the_decision():
     assert decide({STD: 120})[1] is None  # already where its cache is
     off_ladder = dataclasses.replace(FALLEN, rungs=("standard",))
     assert decide({SPEC: 120}, off_ladder)[1] is None
+
+
+def test_a_first_turn_follows_the_rung_even_where_its_whole_prompt_is_cached():
+    """Sent before as it is (a template's opening, a prompt sent again), it is the same on
+    every request that opens alike: moved, it is prefilled once on the pool the slice went
+    to, and cached there for the rest. Kept, every one of them would be kept."""
+    opening = (30_720 << 32) | 5  # the whole prompt is the opening
+    first = PromptHashes(chain=tuple(range(120)), opening=opening, size=30_720, turn=1)
+    features = dataclasses.replace(FEATURES, prompt=first)
+    assert decide({SPEC: 120}, features=features) == (FALLEN, None, "")
+    assert decide({SPEC: 120})[1] is Moved.KEPT  # the same prompt at turn 8 is priced
 
 
 SHORT_PROBE = dataclasses.replace(
