@@ -4,16 +4,14 @@ request (``Affinity.held``), the pools, the guardrail's step-time views and what
 slice's conversations are like; changes nothing but the decision it returns.
 
 Only a request whose conversation an endpoint of another pool of its ladder was sent is
-priced: a new conversation follows the rung at once, and so do
-a pinned request, a probe sent up the ladder, an experiment's request and one whose cached
-pool has no endpoint in service. A first turn is a new conversation even where its whole
-prompt was sent before (a template's shared opening, a prompt sent again): what a pool
-holds of it is the same for every request that opens alike, so it is prefilled once on
-the pool the slice moved to and cached there for the rest. Priced per request, it would
-keep every one of them where the prompt was first cached, and the pool the slice moved to
-would never hold it. A request that carries a mirrored probe of the rung above
-is priced like the rest: kept on the pool the probe is for, it is the probe itself, served
-on its warm cache, and no mirror re-prefills its conversation there.
+priced: a new conversation follows the rung at once, and so do a pinned request, a probe
+sent up the ladder, an experiment's request and one whose cached pool has no endpoint in
+service. A first turn is new even where its whole prompt was sent before (a template's
+opening, a prompt sent again): prefilled once on the new pool, it is cached there for every
+request that opens alike, where pricing each would keep them all on the old one. A request
+that carries a mirrored probe of the rung above is priced like the rest: kept on the pool
+the probe is for, it is the probe itself, served on its warm cache, and no mirror
+re-prefills its conversation there.
 """
 
 from __future__ import annotations
