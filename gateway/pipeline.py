@@ -238,8 +238,8 @@ def _moving(
     """The decision, kept where the request's conversation is cached when moving it to its
     slice's rung costs more than it saves (``gateway/forward/moving.py``)."""
     conversations = services.feedback.conversations
-    conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn)
     views, now = services.stats.views, services.wall()
+    conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn, now)
     moved, how, held_on = keep_or_move(
         decision, features, affinity, services.pools, views, conversations, now
     )

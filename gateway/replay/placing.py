@@ -132,7 +132,7 @@ class Placing:
         now: float,
     ) -> Decision:
         """The decision after the move price (``prefix`` only), the outcome counted."""
-        conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn)
+        conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn, now)
         if affinity is None or self.strategy not in ("prefix", "oracle"):
             return decision
         moved, how, _ = keep_or_move(

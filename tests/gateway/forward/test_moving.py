@@ -40,10 +40,12 @@ class Priced:
 
 
 def learned(turns: int) -> Conversations:
+    """Ten conversations of ``turns`` turns, one a second, each over (idle long since)."""
     seen = Conversations()
     for opening in range(10):
         for turn in range(1, turns + 1):
-            seen.saw("default / s", opening, turn)
+            seen.saw("default / s", opening, turn, float(turn))
+    seen.saw("default / s", 99, 1, 1000.0)  # a new one, long after: the ten have ended
     seen.answered("default / s", 60)
     return seen
 
@@ -67,7 +69,7 @@ def test_a_conversation_with_little_left_to_save_is_kept_where_it_is_cached():
     assert how is Moved.KEPT and held_on == "spec"
     assert decision.pool == "spec" and decision.rungs == ("spec", "standard")
     assert decision.reason == (
-        "kept on spec: moving would re-prefill 7,000 tokens (~2.1 s) for ~240 ms of decode saving"
+        "kept on spec: moving would re-prefill 7,000 tokens (~2.1 s) for ~318 ms of decode saving"
     )
 
 

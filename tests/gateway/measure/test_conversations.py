@@ -1,32 +1,70 @@
-"""What a slice's conversations are like: turns left learned from how far its
-conversations went (recognised by their opening, one count per conversation however many
-times a turn is seen), output tokens per turn from its answers; bounded."""
+"""What a slice's conversations are like: turns left as a survival estimate over how far
+its conversations went (recognised by their opening, one count per conversation however
+many times a turn is seen; one under way counts as censored, one idle for a few of the
+slice's gaps as ended), output tokens per turn from its answers; bounded."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.measure.conversations import MIN_CONVERSATIONS, Conversations
+from gateway.measure.conversations import IDLE_GAPS, MIN_CONVERSATIONS, Conversations
 
 
-def test_turns_left_is_the_mean_of_how_far_conversations_went_past_a_turn():
-    seen = Conversations()
-    for opening, length in enumerate([2, 4, 4, 6, 10]):
+def _run(seen: Conversations, lengths: list[int], start: float = 0.0, gap: float = 1.0) -> float:
+    """Conversations of ``lengths`` turns, one after another, ``gap`` seconds between
+    turns; the clock after the last."""
+    now = start
+    for opening, length in enumerate(lengths):
         for turn in range(1, length + 1):
-            seen.saw("s", opening, turn)
-            seen.saw("s", opening, turn)  # a retry counts once
-    assert seen.turns_left("s", 1) == pytest.approx((1 + 3 + 3 + 5 + 9) / 5)
-    assert seen.turns_left("s", 3) is None  # only four went that far
+            seen.saw("s", opening, turn, now)
+            seen.saw("s", opening, turn, now)  # a retry counts once
+            now += gap
+    return now
+
+
+def test_ended_conversations_give_the_mean_of_how_far_they_went_past_a_turn():
+    seen = Conversations()
+    now = _run(seen, [2, 4, 4, 6, 10])
+    seen.saw("s", 99, 1, now + 10 * IDLE_GAPS)  # long after: every one presumed ended
+    # Ends at 2, 4, 4, 6, 10 (and 99 under way at 1): about 1 + 3 + 3 + 5 + 9 over five
+    # from the first turn, a little more for the prior's pseudo-conversations.
+    assert seen.turns_left("s", 1) == pytest.approx(21 / 5, rel=0.15)
+    assert seen.turns_left("s", 7) == pytest.approx(3.0, rel=0.3)  # only the ten-turn one
     assert seen.turns_left("other", 1) is None
 
 
-def test_a_conversation_counts_once_at_the_furthest_turn_seen():
+def test_conversations_under_way_are_not_taken_for_ended():
+    """Five conversations at their fifth turn, none idle: a plain mean says none has a turn
+    left; they have reached five turns and are going on."""
     seen = Conversations()
+    for turn in range(1, 6):
+        for opening in range(MIN_CONVERSATIONS):
+            seen.saw("s", opening, turn, float(turn))
+    assert seen.turns_left("s", 5) > 5.0
+    for opening in range(MIN_CONVERSATIONS):  # the same five, ended: no turn left
+        seen.saw("s", opening, 5, 5.0)
+    seen.saw("s", 99, 1, 5.0 + 10 * IDLE_GAPS)
+    assert seen.turns_left("s", 5) < 1.0
+
+
+def test_a_conversation_presumed_ended_comes_back():
+    seen = Conversations()
+    now = _run(seen, [3] * MIN_CONVERSATIONS)
+    later = now + 10 * IDLE_GAPS
+    seen.saw("s", 99, 1, later)
+    ended = seen.turns_left("s", 3)
     for opening in range(MIN_CONVERSATIONS):
-        seen.saw("s", opening, 5)
-        seen.saw("s", opening, 3)  # an older turn resent: no change
-    assert seen.turns_left("s", 5) == 0.0
-    assert seen.turns_left("s", 2) == 3.0
+        seen.saw("s", opening, 4, later)
+    assert ended is not None and seen.turns_left("s", 3) > ended + 1.0
+
+
+def test_a_conversation_counts_once_at_the_furthest_turn_seen():
+    seen, once = Conversations(), Conversations()
+    for opening in range(MIN_CONVERSATIONS):
+        seen.saw("s", opening, 5, 0.0)
+        seen.saw("s", opening, 3, 0.0)  # an older turn resent: no change
+        once.saw("s", opening, 5, 0.0)
+    assert seen.turns_left("s", 2) == once.turns_left("s", 2)
 
 
 def test_output_tokens_per_turn_follow_the_answers():
@@ -42,5 +80,9 @@ def test_output_tokens_per_turn_follow_the_answers():
 def test_memory_is_bounded():
     seen = Conversations(max_conversations=10, max_slices=3)
     for opening in range(100):
-        seen.saw(f"s{opening % 5}", opening, 1)
-    assert len(seen._seen) == 10 and len(seen._slices) == 3
+        seen.saw(f"s{opening % 5}", opening, 1, float(opening))
+        seen.saw(f"s{opening % 5}", opening, 2, float(opening) + 0.5)
+    live = seen._slices.values()
+    assert len(seen._slices) == 3
+    assert sum(len(s.active) for s in live) <= 10 and sum(len(s.gone) for s in live) <= 10
+    assert seen._active == sum(len(s.active) for s in live)
