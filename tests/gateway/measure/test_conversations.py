@@ -6,8 +6,10 @@ slice's gaps as ended), output tokens per turn from its answers; bounded."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.measure.conversations import IDLE_GAPS, MIN_CONVERSATIONS, Conversations
+from gateway.measure.conversations import IDLE_GAPS, MAX_TURNS, MIN_CONVERSATIONS, Conversations
 
 
 def _run(seen: Conversations, lengths: list[int], start: float = 0.0, gap: float = 1.0) -> float:
@@ -86,3 +88,25 @@ def test_memory_is_bounded():
     assert len(seen._slices) == 3
     assert sum(len(s.active) for s in live) <= 10 and sum(len(s.gone) for s in live) <= 10
     assert seen._active == sum(len(s.active) for s in live)
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(-2, 400), st.floats(0, 50)),
+        max_size=60,
+    )
+)
+def test_any_sequence_of_turns_gives_a_bounded_estimate(seen_turns):
+    """Whatever order turns arrive in, and however far they claim to be: turns left stay
+    between 0 and ``MAX_TURNS``, and what is kept stays within its bounds."""
+    seen, now = Conversations(max_conversations=8, max_slices=2), 0.0
+    for slice_no, opening, turn, gap in seen_turns:
+        now += gap
+        seen.saw(f"s{slice_no}", opening, turn, now)
+        left = seen.turns_left(f"s{slice_no}", turn)
+        assert left is None or 0.0 <= left <= MAX_TURNS
+    live = seen._slices.values()
+    assert seen._active == sum(len(s.active) for s in live) <= 8
+    assert seen._gone == sum(len(s.gone) for s in live) <= 8
+    assert all(min(s.reached) >= 0 and min(s.ended) >= 0 for s in live)
