@@ -26,10 +26,12 @@ types: $(STAMP)
 	$(BIN)/mypy
 
 # In parallel processes (docs/development.md, "Tests in parallel"): the tests mostly wait on
-# loopback servers and subprocesses, so more workers than cores overlap the waiting.
+# loopback servers and subprocesses, so more workers than cores overlap the waiting. The
+# `paced` tests (a live run held to replay's clock) run after the rest, one at a time.
 TEST_WORKERS ?= 6
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(NOT_TIERS)"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "$(NOT_TIERS) and not paced"
+	$(BIN)/python -m pytest -m "$(NOT_TIERS) and paced"
 NOT_TIERS = not browser and not vllm
 
 # promtool and a Prometheus server for the dashboard's queries (Debian's package, when missing)

@@ -100,7 +100,7 @@ def late(rows: Any, traffic: str) -> tuple[str, str]:
     return where
 
 
-@pytest.mark.long(20)
+@pytest.mark.paced
 @pytest.mark.timeout(120)
 async def test_two_applications_in_one_slice_split_live_as_in_replay(tmp_path: Path) -> None:
     chosen, policy = scenario(), load_policy(POLICY)

@@ -81,7 +81,7 @@ def test_live_requests_take_the_ids_replay_gave_the_same_clients_requests():
     assert ("json", 3, 0) in ids and ("json", 3, 1) not in ids  # an open class: one each
 
 
-@pytest.mark.long(100)  # a live run of 80 s beside the parallel run's others
+@pytest.mark.paced  # a live run of 80 s held to replay's clock
 @pytest.mark.timeout(600)
 def test_a_short_surge_decides_alike_in_replay_and_live():
     command = [
