@@ -77,9 +77,7 @@ class Conversations:
                 entry.reached[before] -= 1
             entry.reached[turn] += 1
             if last is not None:
-                gap = max(now - last, 0.0)
-                was = entry.gap_s
-                entry.gap_s = gap if was is None else was + DECAY * (gap - was)
+                entry.gap_s = _decayed(entry.gap_s, max(now - last, 0.0))
             last = now
         entry.active[opening] = (max(before, turn), now if last is None else last)
         self._active += 1
@@ -88,18 +86,15 @@ class Conversations:
     def answered(self, slice_key: str, completion_tokens: int) -> None:
         """One of the slice's answers (a turn) took ``completion_tokens``."""
         entry = self._slice(slice_key)
-        was = entry.tokens_per_turn
-        entry.tokens_per_turn = (
-            float(completion_tokens) if was is None else was + DECAY * (completion_tokens - was)
-        )
+        entry.tokens_per_turn = _decayed(entry.tokens_per_turn, float(completion_tokens))
 
     def turns_left(self, slice_key: str, turn: int) -> float | None:
         """The turns a conversation of the slice at ``turn`` has after it, expected."""
         entry = self._slices.get(slice_key)
-        if entry is None or sum(entry.reached) < MIN_CONVERSATIONS:
+        at_risk = _suffix_sums(entry.reached) if entry is not None else [0]
+        if entry is None or at_risk[0] < MIN_CONVERSATIONS:
             return None
         turn = min(max(turn, 1), MAX_TURNS)
-        at_risk = _suffix_sums(entry.reached)
         pooled = (sum(entry.ended) + 1.0) / (sum(at_risk[1:]) + 1.0)
         left, going = 0.0, 1.0
         for j in range(turn, MAX_TURNS):
@@ -151,8 +146,8 @@ class Conversations:
         """Over the bound, the longest idle conversation (of this slice where it has another)
         is presumed ended."""
         while self._active > self._max:
-            victim = entry if len(entry.active) > 1 else None
-            victim = victim or next(s for s in self._slices.values() if s.active)
+            others = (s for s in self._slices.values() if s.active)
+            victim = entry if len(entry.active) > 1 else next(others)
             opening, (turn, _) = next(iter(victim.active.items()))
             self._end(victim, opening, turn)
 
@@ -164,6 +159,10 @@ class Conversations:
             self._active -= len(dropped.active)
             self._gone -= len(dropped.gone)
         return entry
+
+
+def _decayed(mean: float | None, value: float) -> float:
+    return value if mean is None else mean + DECAY * (value - mean)
 
 
 def _suffix_sums(counts: list[int]) -> list[int]:
