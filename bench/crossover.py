@@ -61,12 +61,15 @@ def ttft_by_window(rows: Sequence[Row], window: float) -> dict[int, float]:
     return {w: statistics.median(v) for w, v in by.items()}
 
 
-def over(adaptive: dict[int, float], standard: dict[int, float]) -> tuple[int, int]:
-    """Windows where the adaptive TTFT p50 was above ``LIMIT`` x always-standard's, and the
-    longest run of consecutive ones."""
+def over(
+    adaptive: dict[int, float], standard: dict[int, float], floor: float = 0.0
+) -> tuple[int, int]:
+    """Windows where the adaptive TTFT p50 was above ``LIMIT`` x always-standard's (and by
+    at least ``floor`` seconds), and the longest run of consecutive ones."""
     count = run = longest = 0
     for w in sorted(adaptive):
-        if w in standard and adaptive[w] > LIMIT * standard[w]:
+        ref = standard.get(w)
+        if ref is not None and adaptive[w] > LIMIT * ref and adaptive[w] - ref >= floor:
             count, run = count + 1, run + 1
             longest = max(longest, run)
         else:

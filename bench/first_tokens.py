@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossover import LIMIT, policies, served
+from crossover import LIMIT, over, policies, served
 
 from backends.sim.cli import cost_for, cost_model_arg
 from gateway.replay.report import summarise
@@ -90,14 +90,12 @@ def compare(
     worst, where = 0.0, ""
     for traffic, mine in sorted(adaptive.items()):
         theirs = standard.get(traffic, {})
-        run = 0
-        for w in sorted(w for w in mine if w in theirs):
-            t, ref = mine[w], theirs[w]
-            slow = t > LIMIT * ref and t - ref >= floor
-            above, compared, run = above + slow, compared + 1, run + 1 if slow else 0
-            longest = max(longest, run)
-            if ref > 0 and t / ref > worst:
-                worst, where = t / ref, f"{traffic} at {w * window:g} s"
+        both = {w: t for w, t in mine.items() if w in theirs}
+        count, run = over(both, theirs, floor)
+        above, compared, longest = above + count, compared + len(both), max(longest, run)
+        for w, t in both.items():
+            if theirs[w] > 0 and t / theirs[w] > worst:
+                worst, where = t / theirs[w], f"{traffic} at {w * window:g} s"
     return above, compared, longest, worst, where
 
 
