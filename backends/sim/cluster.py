@@ -124,6 +124,19 @@ class Cluster:
         running and waiting gauges say)."""
         return {e.name: e.outstanding for group in self._pools.values() for e in group}
 
+    def counters(self) -> dict[str, tuple[int, int, int, int, int]]:
+        """Per endpoint, what its metrics page counts (``backends/sim/metrics.py``): its
+        engine steps, the tokens they scheduled (prompt and generated), its prompt tokens,
+        the requests it runs now, and the prompt tokens its prefix cache held."""
+        out = {}
+        for group in self._pools.values():
+            for e in group:
+                c, scheduler = e.scheduler.counters, e.scheduler
+                scheduled = c.prompt_tokens + c.generation_tokens
+                running = scheduler.num_running
+                out[e.name] = (c.steps, scheduled, c.prompt_tokens, running, c.cached_prompt_tokens)
+        return out
+
     def usage(self, now: float) -> dict[str, tuple[float, float]]:
         """Per endpoint: the engine-seconds it has stepped (its GPU busy, prefill and decode)
         and its requests outstanding integrated over time, both up to ``now``."""

@@ -11,7 +11,9 @@ on the same period in virtual time, at the first event on or after it is due:
 - the engines' own counts of running and waiting requests are read every
   ``scrape_interval_s`` (the gateway's default), and held as fresh for one and a half of
   those, so what an endpoint counts beyond this replica's own requests (other replicas')
-  lags as it does live;
+  lags as it does live; so are their step counters (``Cluster.counters``, what the
+  simulator's metrics page counts), and the mean step between two of a replica's readings
+  of an engine teaches its pool's step time, as ``LoadScraper`` does live;
 - the guardrail ticks every ``TICK_EVERY_S``;
 - with several replicas, each syncs with the shared store every ``sync_interval_s``
   (``gateway/replay/shared.py``), staggered.
@@ -36,6 +38,7 @@ from backends.pool import InFlight
 from gateway.forward.shadow import Admission, ShadowLimits
 from gateway.measure.acceptance import Outcome, Status
 from gateway.measure.conversations import Conversations
+from gateway.measure.enginesteps import EngineReading, between
 from gateway.measure.livestats import TICK_EVERY_S, LiveStats
 from gateway.measure.load import SAMPLE_EVERY_S, LoadMeter, loaded_outcome
 from gateway.measure.replica import Replica
@@ -75,6 +78,7 @@ class Gateway:
     mirrors: int = 0  # in flight
     conversations: Conversations = field(default_factory=Conversations)
     prefilling: dict[str, int] = field(default_factory=dict)  # as ``Endpoint.prefilling``
+    readings: dict[str, EngineReading] = field(default_factory=dict)  # each engine's last
 
     def mirror(self, endpoints: Sequence[str], cost_tokens: int, now: float) -> bool:
         """Whether a mirror to a pool of ``endpoints`` starts (counted in flight if so)."""
@@ -124,6 +128,8 @@ class Replicas:
         on_transition: Callable[[Transition], None],
     ) -> None:
         self._endpoints = endpoints
+        self._pools = {name: pool for pool, names in endpoints.items() for name in names}
+        self._k = {name: spec.num_speculative_tokens for name, spec in policy.pools.items()}
         self.clock = [0.0]
         ladders = {model: ladder.pools for model, ladder in policy.ladders.items()}
         self.all: list[Gateway] = []
@@ -157,6 +163,24 @@ class Replicas:
 
         return counts
 
+    def _engine_steps(
+        self, replica: Gateway, counters: Mapping[str, tuple[int, int, int, int, int]], now: float
+    ) -> None:
+        """Each engine's mean step since the replica's last reading of its counters, to the
+        replica's step times, as ``LoadScraper`` hands them on live (``enginesteps.py``)."""
+        for name, (steps, tokens, prompt, running, cached) in counters.items():
+            pool = self._pools.get(name)
+            if pool is None:
+                continue
+            current = EngineReading(now, steps, tokens, prompt, running, cached)
+            before, replica.readings[name] = replica.readings.get(name), current
+            step = between(before, current) if before is not None else None
+            if step is not None:
+                k = self._k.get(pool)
+                replica.stats.steps.learn_engine(
+                    pool, k, step.seconds, step.batch, step.prefill, now
+                )
+
     def of(self, client: int) -> Gateway:
         """The replica a client's requests reach (a load balancer that keeps a client on one
         replica)."""
@@ -167,8 +191,10 @@ class Replicas:
         now: float,
         engine_counts: Callable[[], Mapping[str, int]],
         sync: Callable[[Replica, float], None] | None,
+        engine_counters: Callable[[], Mapping[str, tuple[int, int, int, int, int]]] | None = None,
     ) -> None:
-        """Run what is due at ``now`` on every replica: samples, gauge reads, ticks, syncs."""
+        """Run what is due at ``now`` on every replica: samples, gauge reads (and, with
+        ``engine_counters``, the engines' step counters), ticks, syncs."""
         self.clock[0] = now
         for replica in self.all:
             if replica.due["sample"].ready(now):
@@ -177,6 +203,8 @@ class Replicas:
                 for name, running in engine_counts().items():
                     own = replica.flights.get(name)
                     replica.load.scraped(name, running, own.count if own else 0, now)
+                if engine_counters is not None:
+                    self._engine_steps(replica, engine_counters(), now)
             if replica.due["tick"].ready(now):
                 replica.stats.tick(now)
             if sync is not None and replica.due["sync"].ready(now):

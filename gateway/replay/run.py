@@ -230,7 +230,7 @@ class _Driver:
         self.area += self.in_flight * (now - self.area_t)
         self.area_t = now
         sync = self.store.sync if self.store is not None else None
-        self.replicas.advance(now, self.cluster.in_engine, sync)
+        self.replicas.advance(now, self.cluster.in_engine, sync, self.cluster.counters)
 
     # --- arrivals ------------------------------------------------------------------------
 

@@ -1,0 +1,54 @@
+"""Replay reads the engines' step counters as a running gateway does (``LoadScraper``,
+``gateway/measure/enginesteps.py``): each replica learns a pool's step time from what its
+engines counted between two of its readings, the prompt tokens their caches held left
+out of the prefill beside the steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backends.sim.cluster import Cluster
+from backends.sim.config import Mode, SimConfig
+from gateway.replay.replicas import SCRAPE_EVERY_S, Replicas
+from policies.compiled import load_policy
+
+BENCH = Path(__file__).parents[3] / "bench"
+BASELINE = load_policy((BENCH / "policies" / "baseline.yaml").read_text())
+ENDPOINTS = {"spec": ["spec#0"], "standard": ["standard#0"]}
+
+Counters = dict[str, tuple[int, int, int, int, int]]
+
+
+def test_a_replica_learns_a_busy_pools_step_from_its_engines_counters() -> None:
+    replicas = Replicas(1, BASELINE, ENDPOINTS, lambda _: None)
+    page: Counters = {}
+
+    def counters() -> Counters:
+        return page
+
+    running = {"spec#0": 4, "standard#0": 0}
+    for n in range(3):  # the spec engine steps 40 times a reading, 40 ms each; standard idles
+        page = {"spec#0": (40 * n, 300 * n, 0, 4, 0), "standard#0": (0, 0, 0, 0, 0)}
+        replicas.advance(n * SCRAPE_EVERY_S, lambda: running, None, counters)
+    steps = replicas.all[0].stats.steps
+    assert set(steps.curves) == {"spec"}  # an idle engine's readings teach nothing
+    assert steps.curves["spec"].weight(2 * SCRAPE_EVERY_S) == pytest.approx(2.0, rel=0.05)
+
+
+def test_the_simulated_cluster_counts_what_its_metrics_page_counts() -> None:
+    """Steps, tokens scheduled, prompt tokens, requests running and prompt tokens cached,
+    per endpoint, as ``backends/sim/metrics.py`` writes them for the live scraper: a prompt
+    sent again is counted whole, and cached but for its last block."""
+    cluster = Cluster({"standard": [SimConfig(Mode.STANDARD, enable_prefix_caching=True)]})
+    assert cluster.counters() == {"standard#0": (0, 0, 0, 0, 0)}
+    body = {"model": "m", "messages": [{"role": "user", "content": "word " * 800}]}
+    for key in range(2):
+        cluster.submit(key, "standard", body, cluster.next_event() or 0.0, max_tokens=8)
+        while cluster.next_event() is not None:
+            cluster.advance()
+    steps, scheduled, prompt, running, cached = cluster.counters()["standard#0"]
+    assert running == 0 and steps >= 16 and scheduled == prompt + 16
+    one = prompt // 2  # the same prompt twice
+    assert prompt == 2 * one and one - 16 <= cached < one  # all but its last block of 16
