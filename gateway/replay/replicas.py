@@ -12,8 +12,9 @@ on the same period in virtual time, at the first event on or after it is due:
   ``scrape_interval_s`` (the gateway's default), and held as fresh for one and a half of
   those, so what an endpoint counts beyond this replica's own requests (other replicas')
   lags as it does live; so are their step counters (``Cluster.counters``, what the
-  simulator's metrics page counts), and the mean step between two of a replica's readings
-  of an engine teaches its pool's step time, as ``LoadScraper`` does live;
+  simulator's metrics page counts, on the engines whose page has vLLM's step histogram),
+  and the mean step between two of a replica's readings of an engine teaches its pool's
+  step time, as ``LoadScraper`` does live;
 - the guardrail ticks every ``TICK_EVERY_S``;
 - with several replicas, each syncs with the shared store every ``sync_interval_s``
   (``gateway/replay/shared.py``), staggered.
@@ -35,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backends.pool import InFlight
+from backends.sim.dialects import SimEngine
 from gateway.forward.shadow import Admission, ShadowLimits
 from gateway.measure.acceptance import Outcome, Status
 from gateway.measure.conversations import Conversations
@@ -130,6 +132,10 @@ class Replicas:
         self._endpoints = endpoints
         self._pools = {name: pool for pool, names in endpoints.items() for name in names}
         self._k = {name: spec.num_speculative_tokens for name, spec in policy.pools.items()}
+        # only a vLLM-shaped page carries the step histogram the live scraper reads
+        self._counted = {
+            name for name, spec in policy.pools.items() if SimEngine(spec.engine.value).vllm_shaped
+        }
         self.clock = [0.0]
         ladders = {model: ladder.pools for model, ladder in policy.ladders.items()}
         self.all: list[Gateway] = []
@@ -170,7 +176,7 @@ class Replicas:
         replica's step times, as ``LoadScraper`` hands them on live (``enginesteps.py``)."""
         for name, (steps, tokens, prompt, running, cached) in counters.items():
             pool = self._pools.get(name)
-            if pool is None:
+            if pool is None or pool not in self._counted:
                 continue
             current = EngineReading(now, steps, tokens, prompt, running, cached)
             before, replica.readings[name] = replica.readings.get(name), current

@@ -5,6 +5,7 @@ out of the prefill beside the steps."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,19 +20,19 @@ BASELINE = load_policy((BENCH / "policies" / "baseline.yaml").read_text())
 ENDPOINTS = {"spec": ["spec#0"], "standard": ["standard#0"]}
 
 Counters = dict[str, tuple[int, int, int, int, int]]
+IDLE = (0, 0, 0, 0, 0)
+
+
+def read(replicas: Replicas, pages: list[Counters]) -> None:
+    """The replicas read each page in turn, a scrape interval apart."""
+    for n, page in enumerate(pages):
+        replicas.advance(n * SCRAPE_EVERY_S, dict, None, functools.partial(dict, page))
 
 
 def test_a_replica_learns_a_busy_pools_step_from_its_engines_counters() -> None:
     replicas = Replicas(1, BASELINE, ENDPOINTS, lambda _: None)
-    page: Counters = {}
-
-    def counters() -> Counters:
-        return page
-
-    running = {"spec#0": 4, "standard#0": 0}
-    for n in range(3):  # the spec engine steps 40 times a reading, 40 ms each; standard idles
-        page = {"spec#0": (40 * n, 300 * n, 0, 4, 0), "standard#0": (0, 0, 0, 0, 0)}
-        replicas.advance(n * SCRAPE_EVERY_S, lambda: running, None, counters)
+    # the spec engine steps 40 times a reading; the standard one idles
+    read(replicas, [{"spec#0": (40 * n, 300 * n, 0, 4, 0), "standard#0": IDLE} for n in range(3)])
     steps = replicas.all[0].stats.steps
     assert set(steps.curves) == {"spec"}  # an idle engine's readings teach nothing
     assert steps.curves["spec"].weight(2 * SCRAPE_EVERY_S) == pytest.approx(2.0, rel=0.05)
@@ -52,3 +53,14 @@ def test_the_simulated_cluster_counts_what_its_metrics_page_counts() -> None:
     assert running == 0 and steps >= 16 and scheduled == prompt + 16
     one = prompt // 2  # the same prompt twice
     assert prompt == 2 * one and one - 16 <= cached < one  # all but its last block of 16
+
+
+def test_an_engine_whose_page_has_no_step_histogram_teaches_nothing() -> None:
+    """Live, an SGLang page has no ``vllm:iteration_tokens_total`` to read: replay does not
+    learn from what its simulator counts either."""
+    text = (BENCH / "policies" / "baseline.yaml").read_text()
+    sglang = load_policy(text.replace("{kind: standard,", "{kind: standard, engine: sglang,"))
+    replicas = Replicas(1, sglang, ENDPOINTS, lambda _: None)
+    busy = [(40 * n, 300 * n, 0, 4, 0) for n in range(3)]
+    read(replicas, [{"spec#0": step, "standard#0": step} for step in busy])
+    assert set(replicas.all[0].stats.steps.curves) == {"spec"}
