@@ -60,6 +60,7 @@ import orjson
 import yaml
 from procs import Supervisor, free_port
 
+from backends.sim.agents import chat_of
 from backends.sim.cli import COST_MODEL_HELP, cost_for, cost_model_arg
 from backends.sim.model import build_profile
 from gateway.replay.bodies import Built, Talk, build
@@ -283,8 +284,8 @@ async def send(
     answered = response.headers
     pool = answered.get("x-speclane-pool", "")
     ladder = run.policy.ladders[model]
-    profile = build_profile(
-        built.body,
+    profile = build_profile(  # of the chat request the simulator ran, as replay prices it
+        chat_of(built.path, built.body),
         seed=0,
         index=0,
         max_tokens=traffic.max_tokens,
