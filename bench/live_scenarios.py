@@ -15,7 +15,9 @@ gateway with their API keys and users; with ``gateways: N`` in the scenario, N g
 share their state through Redis (127.0.0.1:6379, a namespace of their own) and client ``i``
 talks to gateway ``i mod N``. Every answered request becomes a row priced with the
 simulator's cost model at the load actually carried (mean requests in flight per endpoint
-while it ran, as this client saw them): the same table as ``bench/decision_quality.py``.
+while it ran, as this client saw them) and the acceptance of the chat request the
+simulator ran for it (a Messages or Responses body becomes one first, ``chat_of``, as in
+replay): the same table as ``bench/decision_quality.py``.
 Shadow mirrors, which a client never sees, are read back from the gateways' outcome logs
 (each names the request it mirrored) and priced as replay prices them.
 
