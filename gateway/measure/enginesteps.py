@@ -85,3 +85,12 @@ def between(before: EngineReading, after: EngineReading) -> EngineStep | None:
     prompt = max(after.prompt_tokens - before.prompt_tokens - cached, 0.0)
     batch = (before.running + after.running) / 2.0
     return EngineStep(dt / steps, steps, batch, prompt / steps)
+
+
+def since_last(
+    readings: dict[str, EngineReading], key: str, current: EngineReading
+) -> EngineStep | None:
+    """The mean step of engine ``key`` since its last reading in ``readings`` (``between``),
+    None at its first; ``current`` is kept there as its last."""
+    before, readings[key] = readings.get(key), current
+    return between(before, current) if before is not None else None

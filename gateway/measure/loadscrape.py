@@ -30,7 +30,7 @@ from backends.errors import BackendError, Unavailable, UpstreamTimeout
 from backends.pool import Endpoint, Pools
 from backends.upstream import Upstream
 from gateway.engines import ENGINES, Registry
-from gateway.measure.enginesteps import EngineReading, EngineStep, between, reading
+from gateway.measure.enginesteps import EngineReading, EngineStep, reading, since_last
 from gateway.measure.load import LoadMeter
 
 OnStep = Callable[[str, "int | None", EngineStep], None]
@@ -113,8 +113,7 @@ class LoadScraper:
             return
         if current is None:
             return
-        before, self._readings[url] = self._readings.get(url), current
-        step = between(before, current) if before is not None else None
+        step = since_last(self._readings, url, current)
         spec = self._pools.specs.get(pool)
         if step is not None and self._on_step is not None and spec is not None:
             self._on_step(pool, spec.k, step)

@@ -40,7 +40,7 @@ from backends.sim.dialects import SimEngine
 from gateway.forward.shadow import Admission, ShadowLimits
 from gateway.measure.acceptance import Outcome, Status
 from gateway.measure.conversations import Conversations
-from gateway.measure.enginesteps import EngineReading, between
+from gateway.measure.enginesteps import EngineReading, since_last
 from gateway.measure.livestats import TICK_EVERY_S, LiveStats
 from gateway.measure.load import SAMPLE_EVERY_S, LoadMeter, loaded_outcome
 from gateway.measure.replica import Replica
@@ -179,8 +179,7 @@ class Replicas:
             if pool is None or pool not in self._counted:
                 continue
             current = EngineReading(now, steps, tokens, prompt, running, cached)
-            before, replica.readings[name] = replica.readings.get(name), current
-            step = between(before, current) if before is not None else None
+            step = since_last(replica.readings, name, current)
             if step is not None:
                 k = self._k.get(pool)
                 replica.stats.steps.learn_engine(
