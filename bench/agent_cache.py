@@ -42,7 +42,6 @@ of the oracle. A miss is printed with a ``!``.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 from collections.abc import Sequence
@@ -52,7 +51,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.sim.model import StepCost  # noqa: E402
 from gateway.replay.placing import STRATEGIES, Strategy  # noqa: E402
 from gateway.replay.pricing import Prices  # noqa: E402
 from gateway.replay.run import Replay, replay  # noqa: E402
@@ -113,16 +111,8 @@ def gpu_seconds(result: Replay) -> float:
     priced = Prices(k, dict.fromkeys(pools, 1.0), result.cost)
     total = 0.0
     for row in result.rows:
-        total += _prefill_s(result.cost, row.prompt_tokens - row.cached) + priced.of(row, row.pool)
+        total += priced.prefill(row, row.pool) + priced.of(row, row.pool)
     return total
-
-
-def _prefill_s(cost: StepCost, tokens: int) -> float:
-    """The marginal step time of prefilling ``tokens`` tokens."""
-    if tokens <= 0:
-        return 0.0
-    step = functools.partial(cost.step_seconds, verified_tokens=0, draft_passes=0, drafting_seqs=0)
-    return step(prefill_tokens=tokens) - step(prefill_tokens=0)
 
 
 def max_load(result: Replay) -> float:

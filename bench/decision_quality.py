@@ -16,6 +16,13 @@ the exploration: probes, mirrors and explored requests are drawn from the reques
 scenario's name and the request's number, the same under every seed. JSON summaries and PNG
 charts go to ``--out`` (default ``bench/out/decision/<label>``). ``--write`` replaces the
 table of the same label in ``bench/RESULTS.md`` (or appends it), between marker comments.
+
+Prices leave prefill out: a request pays it once wherever it runs. Where the engines keep a
+prefix cache, a conversation's turn prefills what its endpoint does not hold, and that
+depends on where the turns before went; ``--prefill pool`` or ``--prefill ladder`` counts it
+(``gateway/replay/pinned.py``: what each pool would have held comes from replaying the
+scenario pinned to it, on its own endpoints or on as many as the whole ladder has, as the
+load-neutral decode prices assume).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.sim.cli import COST_MODEL_HELP, cost_model_arg
+from gateway.replay import pinned
 from gateway.replay.chart import draw
 from gateway.replay.report import CELL_MARGIN, ORACLE_MARGIN, summarise
 from gateway.replay.run import replay
@@ -64,7 +72,8 @@ def run(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
                 scenario = base.model_copy(update={"seed": base.seed + 1000 * offset})
                 started = time.perf_counter()
                 result = replay(deployed, scenario, cost=cost)
-                summary = summarise(result, deployed)
+                held = pinned.held(deployed, scenario, cost, args.prefill) if args.prefill else None
+                summary = summarise(result, deployed, held)
                 summary["seed"] = scenario.seed
                 summary["cost_model"] = name
                 summary["replay_s"] = round(time.perf_counter() - started, 1)
@@ -178,6 +187,13 @@ def main() -> int:
         default=list(COST_MODELS),
         help="one or more; " + COST_MODEL_HELP,
     )
+    parser.add_argument(
+        "--prefill",
+        choices=["pool", "ladder"],
+        help="where the engines keep a prefix cache and traffic holds conversations, count "
+        "every request's prefill in its price, each pool's from the scenario replayed pinned "
+        "there on its own endpoints (pool) or on as many as the ladder has (ladder)",
+    )
     args = parser.parse_args()
     try:
         args.costs = [cost_model_arg(name) for name in args.cost_model]
@@ -187,6 +203,7 @@ def main() -> int:
     seeds = " ".join(map(str, args.seeds))
     models = " ".join(args.cost_model)
     cost = f" --cost-model {models}" if tuple(args.cost_model) != COST_MODELS else ""
+    cost += f" --prefill {args.prefill}" if args.prefill else ""
     command = (
         f".venv/bin/python bench/decision_quality.py --policy {args.policy} "
         f'--label "{args.label}" --seeds {seeds}{cost}'

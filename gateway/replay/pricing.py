@@ -13,9 +13,16 @@ had: always-standard, always-speculative (the top rung), the best static pool pe
 class, the hindsight oracle (the cheapest pool per class and phase), and the adaptive run
 (each request on the pool that served it, shadow mirrors included).
 
-What exploring cost (``Cell.explored``): every mirror, whole, its prefill included (a
-request served pays its prefill once wherever it runs, so prefill is left out of every
-other price; a mirror's is a cost of its own), and for each request served
+Prefill: without a prefix cache a request served pays its prefill once wherever it runs, so
+it is left out of every price but a mirror's, which is a cost of its own. Where the engines
+keep one and conversations resend their history (``held``: ``pinned.py``), a turn's prefill
+depends on where it runs, and every price counts it: the adaptive run's, of what the
+endpoint that served it did not hold; each pool's, of what it did not hold when it served
+every turn of the scenario (the oracle picks among those per class and phase, and changes
+pool between phases without re-prefilling anything: a bound the adaptive run cannot beat).
+
+What exploring cost (``Cell.explored``): every mirror, whole, its prefill included, and for
+each request served
 on another rung than its slice's to learn something there (a probe of the rung above, a
 request explored one rung down), what it cost there less what it would have cost on the
 slice's own rung (negative where that rung was dearer).
@@ -30,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends.sim.model import CostModel, StepCost, expected_tokens_per_step
+from gateway.replay.pinned import Held
 from gateway.replay.run import Replay, Row
 
 
@@ -58,10 +66,12 @@ class Prices:
 
     def prefill(self, row: Row, pool: str) -> float:
         """What prefilling ``row``'s uncached prompt on ``pool`` adds to the steps it runs in
-        (the target's; every request served pays it once wherever it runs, so only a
-        mirror's is a cost of its own)."""
-        tokens = max(row.prompt_tokens - row.cached, 0)
-        if not tokens:
+        (the target's; module docstring says where it is counted)."""
+        return self.prefill_of(max(row.prompt_tokens - row.cached, 0), pool)
+
+    def prefill_of(self, tokens: int, pool: str) -> float:
+        """What prefilling ``tokens`` prompt tokens on ``pool`` adds to the steps they run in."""
+        if tokens <= 0:
             return 0.0
         with_it, without = (
             self.cost.step_seconds(
@@ -113,17 +123,17 @@ class Cell:
         return min(self.pools, key=lambda p: self.pools[p])
 
 
-def cells(replay: Replay, price: Prices, skip_first: int) -> list[Cell]:
+def cells(replay: Replay, price: Prices, skip_first: int, held: Held | None = None) -> list[Cell]:
     """Per class and phase; ``late_*`` leave out the first ``skip_first`` requests of each
     cell (and mirrors sent meanwhile): what a guardrail can be held to once it has seen
-    ``min_samples``."""
+    ``min_samples``. ``held``: each pool's uncached prompt tokens per conversation turn
+    with every turn served there (``pinned.py``); with it, every price counts prefill."""
     out: dict[tuple[str, str], Cell] = {}
     ordered = sorted(replay.rows, key=lambda r: (r.arrival, r.index))
+    at = _Priced(price, held or {})
     for row in ordered:
         cell = out.setdefault((row.traffic, row.phase), Cell(row.traffic, row.phase))
-        served = price.of(row, row.pool)
-        if row.shadow:
-            served += price.prefill(row, row.pool)
+        served = at.served(row)
         cell.adaptive += served
         late = cell.requests >= skip_first
         if late:
@@ -134,18 +144,43 @@ def cells(replay: Replay, price: Prices, skip_first: int) -> list[Cell]:
             continue
         home = _home(replay, row)
         if home is not None:
-            cell.explored += served - price.of(row, home)
+            cell.explored += served - at.on(row, home)
         cell.requests += 1
         cell.on_pool[row.pool] += 1
         cell.slices.add(row.slice)
         if late:
             cell.late_requests += 1
         for pool in replay.ladder.pools:
-            value = price.of(row, pool)
+            value = at.on(row, pool)
             cell.pools[pool] += value
             if late:
                 cell.late_pools[pool] += value
     return list(out.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _Priced:
+    """A row's price as served and on each pool, prefill counted where ``held`` says what
+    each pool would have held (``cells``)."""
+
+    price: Prices
+    held: Held
+
+    def served(self, row: Row) -> float:
+        served = self.price.of(row, row.pool)
+        if row.shadow or self.held:
+            served += self.price.prefill(row, row.pool)
+        return served
+
+    def on(self, row: Row, pool: str) -> float:
+        value = self.price.of(row, pool)
+        if not self.held:
+            return value
+        turns = self.held.get(pool, {})
+        tokens = turns.get((row.talk, row.turn)) if row.talk else None
+        if tokens is None:  # not a conversation's turn: it finds what it found anywhere
+            tokens = max(row.prompt_tokens - row.cached, 0)
+        return value + self.price.prefill_of(tokens, pool)
 
 
 # the reasons ``policies/decide.py`` gives a request served away from its slice's rung

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.replay.pinned import Held
 from gateway.replay.pricing import Cell, Totals, cells, prices, totals
 from gateway.replay.run import Replay
 from policies.compiled import CompiledPolicy
@@ -43,11 +44,13 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else 1.0
 
 
-def summarise(replay: Replay, policy: CompiledPolicy) -> dict[str, Any]:
-    """Everything ``speclane replay`` reports, as plain values."""
+def summarise(replay: Replay, policy: CompiledPolicy, held: Held | None = None) -> dict[str, Any]:
+    """Everything ``speclane replay`` reports, as plain values; with ``held`` (each pool's
+    uncached prompt tokens per conversation turn, ``pinned.py``), every price counts
+    prefill (``pricing.py``)."""
     price = prices(replay, {p: policy.pools[p].cost_per_hour for p in replay.ladder.pools})
     skip = _min_samples(replay, policy)
-    table = cells(replay, price, skip)
+    table = cells(replay, price, skip, held)
     total = totals(table, replay.ladder.pools)
     verdict = _verdict(table, total, replay)
     return {
