@@ -220,7 +220,9 @@ class Economics:
     costs, in requests served on the serving rung (the prompt tokens the rung above does not
     hold of a probe's prompt, times its seconds per prompt token, over a request's output
     tokens times the serving rung's seconds per output token; None while unknown). A long
-    conversation's turn is cached where it is served, and its probe is not.
+    conversation's turn is cached where it is served, and its probe is not: ``reprefill``
+    is what a live probe prefills there beyond what the request would at home, in the
+    same unit (None while the answers have not said what was cached).
     """
 
     below: Judgement | None = None
@@ -231,6 +233,7 @@ class Economics:
     tokens: float | None = None
     since_probe: float | None = None
     prefill: float | None = None
+    reprefill: float | None = None
     latency: Latency | None = None
     latency_above: Latency | None = None
 
@@ -323,16 +326,17 @@ def _slow(
 def probe_share(seen: Economics, config: Guardrail) -> float:
     """The share of a fallen-back slice's requests that probe the rung above: what the
     ``probe_budget`` buys at the rung's last known cost ratio r (a live probe loses r - 1 of
-    a request, a mirrored one r; their prefill there, ``Economics.prefill``, is the recovery
-    budget's to count, ``recovery_share``), but at least one probe every ``max_cooldown_s``
-    so that
-    a quiet slice recovers in bounded time, and at most ``MAX_PROBE_SHARE``. Rounded to two
+    a request, plus what it prefills there beyond what it would at home,
+    ``Economics.reprefill``: a conversation's history, cached where its turns go; a mirrored
+    one loses r, its prefill there the recovery budget's to count, ``recovery_share``), but
+    at least one probe every ``max_cooldown_s`` so that a quiet slice recovers in bounded
+    time, and at most ``MAX_PROBE_SHARE``. Rounded to two
     significant digits, so that it does not change with every request. The last known
     ratio is the one on the newest requests: a window that mixes healthy requests from
     before a collapse with the collapsed ones would say ~1 and probe a collapsed rung at
     the largest share."""
     ratio = _last_ratio(seen)
-    loss = ratio if config.probe is ProbeMode.SHADOW else ratio - 1.0
+    loss = ratio if config.probe is ProbeMode.SHADOW else ratio - 1.0 + (seen.reprefill or 0.0)
     share = config.probe_budget / max(loss, config.probe_budget / MAX_PROBE_SHARE)
     if config.max_cooldown_s > 0:
         share = max(share, 1.0 / (max(seen.rate, 1e-9) * config.max_cooldown_s))

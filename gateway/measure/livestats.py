@@ -140,6 +140,8 @@ class LiveStats:
             entry.probed_at = now
         if labels.pool != place.pool(entry.state.offset):
             _probe_prefill(entry, outcome)
+        elif not (labels.probe or labels.shadow):
+            entry.home_prefill = _mean_uncached(entry.home_prefill, outcome)
         entry.window_s = place.guardrail.window_s
         counts = counts_of(outcome)
         entry.add(labels.pool, counts, now)
@@ -276,12 +278,14 @@ class LiveStats:
         rate = entry.requests_per_s(now)
         tokens = entry.mean_tokens(now)
         last = entry.probed_at if entry.probed_at is not None else entry.state.since
+        prefill, reprefill = self._probe_prefill(key, entry, place, serving, tokens, now)
         economics = replace(
             seen.economics,
             rate=rate,
             tokens=tokens,
             since_probe=now - last if entry.state.phase is Phase.PROBING else None,
-            prefill=self._probe_prefill(key, entry, place, serving, tokens, now),
+            prefill=prefill,
+            reprefill=reprefill,
         )
         state, transition = step_economic(key, entry.state, economics, place.guardrail, now)
         if transition is not None:
@@ -302,20 +306,28 @@ class LiveStats:
         serving: int,
         tokens: float | None,
         now: float,
-    ) -> float | None:
-        """A probe's prefill on the rung above, in requests on the serving rung
-        (``Economics.prefill``): its probes' uncached prompt tokens there (before any, the
-        slice's context), priced at the rung above's seconds per prompt token, over a
-        request's output tokens at the serving rung's seconds per output token."""
+    ) -> tuple[float | None, float | None]:
+        """A probe's prefill on the rung above and what a live one prefills beyond what the
+        request would at home, both in requests on the serving rung (``Economics.prefill``,
+        ``Economics.reprefill``): its probes' uncached prompt tokens there (before any, the
+        slice's context) at the rung above's seconds per prompt token, less its requests'
+        uncached prompt tokens at home at the serving rung's, over a request's output
+        tokens at the serving rung's seconds per output token."""
         if serving <= place.start or not tokens:
-            return None
+            return None, None
         above, here = place.ladder.pools[serving - 1], place.ladder.pools[serving]
-        prefill = self.views.prefill_seconds_per_token(key, now).get(above)
+        per_token = self.views.prefill_seconds_per_token(key, now)
+        prefill = per_token.get(above)
         decode = self.views.seconds_per_token(key, now).get(here)
         prompt = entry.probe_prefill if entry.probe_prefill is not None else entry.context
         if prefill is None or not decode or prompt is None:
-            return None
-        return prompt * prefill / (tokens * decode)
+            return None, None
+        there = prompt * prefill
+        home = entry.home_prefill
+        if home is None:
+            return there / (tokens * decode), None
+        extra = max(there - home * per_token.get(here, prefill), 0.0)
+        return there / (tokens * decode), extra / (tokens * decode)
 
     def _explore(
         self, key: str, entry: SliceRecord, place: Placement, seen: Seen, rate: float, now: float
@@ -371,13 +383,15 @@ def _carried(labels: Labels, place: Placement | None, state: SliceState) -> bool
 
 
 def _probe_prefill(entry: SliceRecord, outcome: Outcome) -> None:
-    """A probe's (live or mirrored) uncached prompt tokens, into its slice's mean, when its
-    answer said what was cached."""
-    labels = outcome.labels
-    if not (labels.probe or labels.shadow) or outcome.status is not Status.OK:
-        return
-    if outcome.cached_tokens is None:
-        return
+    """A probe's (live or mirrored) uncached prompt tokens, into its slice's mean."""
+    if outcome.labels.probe or outcome.labels.shadow:
+        entry.probe_prefill = _mean_uncached(entry.probe_prefill, outcome)
+
+
+def _mean_uncached(mean: float | None, outcome: Outcome) -> float | None:
+    """``mean`` of uncached prompt tokens with ``outcome``'s in, when its answer said what
+    was cached."""
+    if outcome.status is not Status.OK or outcome.cached_tokens is None:
+        return mean
     own = float(max(outcome.prompt_tokens - outcome.cached_tokens, 0))
-    mean = entry.probe_prefill
-    entry.probe_prefill = own if mean is None else mean + 0.1 * (own - mean)
+    return own if mean is None else mean + 0.1 * (own - mean)

@@ -44,6 +44,7 @@ class SliceRecord:
     fresh: dict[str, float] = field(default_factory=dict)
     context: float | None = None  # its requests' mean cached tokens (judged at its context)
     probe_prefill: float | None = None  # its probes' mean uncached prompt tokens, above
+    home_prefill: float | None = None  # its requests' mean uncached prompt tokens at home
     ttft: dict[tuple[str, bool], deque[tuple[float, float]]] = field(default_factory=dict)
     split_at: float = float("-inf")  # it split then: first tokens before mixed in children
 

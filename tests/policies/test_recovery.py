@@ -67,6 +67,20 @@ def test_a_long_conversations_short_probes_pay_their_prefill_from_the_recovery_b
     assert probe_share(busy_long, CONFIG) == probe_share(busy, CONFIG)
 
 
+def test_a_live_probe_pays_from_the_probe_budget_what_it_re_prefills_above():
+    """A conversation's history is cached where its turns go, and a live probe of the rung
+    above prefills it there again; a summary's probe prefills what it would at home."""
+    unknown = Economics(above=dear(1.2), rate=5.0, prefill=5.0)
+    summary = Economics(above=dear(1.2), rate=5.0, prefill=5.0, reprefill=0.0)
+    talk = Economics(above=dear(1.2), rate=5.0, prefill=5.0, reprefill=4.0)
+    assert probe_share(summary, CONFIG) == probe_share(unknown, CONFIG)
+    assert probe_share(summary, CONFIG) == pytest.approx(CONFIG.probe_budget / 0.2)
+    assert probe_share(talk, CONFIG) == pytest.approx(CONFIG.probe_budget / 4.2, rel=0.02)
+    # a quiet conversation still probes at least once every max_cooldown_s
+    quiet = Economics(above=dear(1.2), rate=0.01, prefill=5.0, reprefill=40.0)
+    assert probe_share(quiet, CONFIG) == pytest.approx(1 / (0.01 * CONFIG.max_cooldown_s), rel=0.02)
+
+
 def test_an_overdue_probe_is_owed_more_than_the_budget_only_where_it_is_cheap():
     """Past the gap of one probe in ten requests a short prompt's slice raises its share
     until a probe comes; a long conversation's probe is mostly a cold prefill, so its slice

@@ -254,7 +254,7 @@ def test_increments_drained_for_the_store_are_restored_when_the_push_fails():
     assert (active.slice, active.epoch, active.pools) == (KEY, 0, ("spec",))
 
 
-def test_a_slices_probes_teach_it_what_they_prefill_above():
+def test_a_slices_probes_teach_it_what_they_prefill_above_and_its_own_requests_at_home():
     stats = LiveStats(lambda: POLICY)
     for i in range(40):  # it falls back to standard
         stats.record(outcome(0.1), 100.0 + i / 10)
@@ -273,3 +273,4 @@ def test_a_slices_probes_teach_it_what_they_prefill_above():
     )
     stats.record(dataclasses.replace(served, cached_tokens=29_000), 106.0)  # not a probe
     assert stats.slices.records[KEY].probe_prefill == 28_000.0
+    assert stats.slices.records[KEY].home_prefill == 1_000.0  # served at home, warm
