@@ -368,8 +368,9 @@ def _measurement(
     whether the pool reports its speculation per request, and only Responses answers are
     stored upstream."""
     services.telemetry.opened(spec.name, shadow=False)
+    computed = ask.affinity.uncached(labels.endpoint) if ask.affinity is not None else None
     services.feedback.prefilled(
-        labels.endpoint, ask.features.prompt_tokens, services.clock(), ask.request_id
+        labels.endpoint, ask.features.prompt_tokens, services.clock(), ask.request_id, computed
     )
     reports = spec.speculative and one_answer(ask.payload) and not ask.api.events
     stored = None

@@ -23,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -105,6 +105,14 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+class Prefilled(Protocol):
+    """Told each mirror's prompt once its stream opens (``Feedback.prefilled``)."""
+
+    def __call__(
+        self, url: str, prompt_tokens: int, now: float, *, computed: int | None = None
+    ) -> None: ...
+
+
 class ShadowRunner:
     """Starts, bounds, measures and drains shadow mirrors."""
 
@@ -116,7 +124,7 @@ class ShadowRunner:
         telemetry: Telemetry,
         limits: ShadowLimits = ShadowLimits(),
         canary: Canary | None = None,
-        prefilled: Callable[[str, int, float], None] | None = None,
+        prefilled: Prefilled | None = None,
         engines: Registry = ENGINES,
     ) -> None:
         self._pools = pools
@@ -190,7 +198,9 @@ class ShadowRunner:
                 )
                 self._telemetry.opened(pool, shadow=True)
                 if self._prefilled is not None:
-                    self._prefilled(opened.endpoint.url, prompt_tokens, self._clock())
+                    url = opened.endpoint.url
+                    computed = affinity.uncached(url) if affinity is not None else None
+                    self._prefilled(url, prompt_tokens, self._clock(), computed=computed)
                 served = replace(labels, k=opened.spec.k, endpoint=opened.endpoint.url)
                 engine = self._engines.of(opened.spec.engine)
                 fold = Fold(served, started, started)

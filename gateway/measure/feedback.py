@@ -73,11 +73,19 @@ class Feedback:
             self.conversations.answered(loaded.labels.slice, loaded.completion_tokens)
         self.outcomes.add(loaded, now)
 
-    def prefilled(self, url: str, prompt_tokens: int, now: float, request_id: str = "") -> None:
+    def prefilled(
+        self,
+        url: str,
+        prompt_tokens: int,
+        now: float,
+        request_id: str = "",
+        computed: int | None = None,
+    ) -> None:
         """An endpoint prefilled a prompt by ``now`` (a stream opened, or a whole answer
-        came): the load meter counts it against the requests decoding beside it, and holds
-        it in the endpoint's cache until the request's outcome."""
-        self._load.prefill(url, prompt_tokens, now, request_id)
+        came), computing ``computed`` of its tokens (None: all): the load meter counts
+        those against the requests decoding beside it, and holds the prompt in the
+        endpoint's cache until the request's outcome."""
+        self._load.prefill(url, prompt_tokens, now, request_id, computed)
 
     def canary_failed(self, slice_key: str, counts: CanaryCounts) -> None:
         rate = counts.matched / counts.compared

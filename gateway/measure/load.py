@@ -24,15 +24,21 @@ until the next reading, and a meter that reads load too high where it is low fla
 step-time line it feeds (``policies/steptime.py``).
 
 Prefills: the gateway tells the meter when an endpoint prefilled a prompt (a stream's first
-event comes once its prompt is prefilled; a whole answer's when it arrives) and how many
-tokens it had, so an outcome can say how many prompt tokens shared the steps it decoded in
-(``prefilled``): engines schedule prefills into the steps of the sequences decoding beside
-them. The prefills of one ``PREFILL_WINDOW_S`` (about an engine step, the resolution at
-which a prefill and a decode step meet) are kept as one entry, dated at the first of them, so
-the history costs at most one entry per window whatever the request rate (one entry per
-request grew the gateway by ~70 bytes a request, up to twice ``history_s`` of requests). An
-outcome's own prefill, told at its first token, is then always before its decode span: a
-window dated at its last prefill would move it inside, and a long prompt's own prefill
+event comes once its prompt is prefilled; a whole answer's when it arrives), how many
+tokens it had, and how many of them the endpoint was expected to compute: what the prefix
+map did not believe it held (``backends/placement.py``: ``Affinity.uncached``), once an
+answer of the endpoint has said its prefix cache held some of a prompt. So an outcome can
+say how many prompt tokens were computed in the steps it decoded in (``prefilled``):
+engines schedule prefills into the steps of the sequences decoding beside them, and a
+conversation's turn whose history is cached computes only its new tokens. Counted whole,
+an agent's turns would read as many times the prefill they are, and a prompt token's
+price, learned from them (``policies/stepcurve.py``), as many times too cheap. The
+prefills of one ``PREFILL_WINDOW_S`` (about an engine step, the resolution at which a
+prefill and a decode step meet) are kept as one entry, dated at the first of them, so the
+history costs at most one entry per window whatever the request rate (one entry per
+request grew the gateway by ~70 bytes a request, up to twice ``history_s`` of requests).
+An outcome's own prefill, told at its first token, is then always before its decode span:
+a window dated at its last prefill would move it inside, and a long prompt's own prefill
 would read as the steps' shared cost.
 
 Never awaits on the request path; ``sample`` is O(endpoints), a question O(log history).
@@ -98,6 +104,7 @@ class _Endpoint:
     seq_area: float = 0.0
     kv_at: float = 0.0
     kv_times: array[float] = field(default_factory=_doubles)
+    caches: bool = False  # an answer of it said its prefix cache held prompt tokens
     kv_areas: array[float] = field(default_factory=_doubles)
     seq_areas: array[float] = field(default_factory=_doubles)
 
@@ -233,15 +240,19 @@ class LoadMeter:
         e.others = beyond if e.others is None else 0.5 * e.others + 0.5 * beyond
         e.scraped_at = now
 
-    def prefill(self, url: str, tokens: int, now: float, key: str = "") -> None:
-        """``url`` prefilled a prompt of ``tokens`` by ``now``; with ``key`` (the request's),
-        its cache holds them until ``release`` with the same key."""
+    def prefill(
+        self, url: str, tokens: int, now: float, key: str = "", computed: int | None = None
+    ) -> None:
+        """``url`` prefilled a prompt of ``tokens`` by ``now``, of which it computed
+        ``computed`` (None: all of them; the rest its prefix cache held); with ``key`` (the
+        request's), its cache holds all ``tokens`` until ``release`` with the same key."""
         e = self._endpoint(url, now)
         if key and key not in e.cached:
             e.kv_move(now, max(tokens, 0), 1)
             e.cached[key] = (float(max(tokens, 0)), now)
         times, totals = e.prefill_times, e.prefilled
-        total = (totals[-1] if totals else 0.0) + max(tokens, 0)
+        work = tokens if computed is None or not e.caches else min(computed, tokens)
+        total = (totals[-1] if totals else 0.0) + max(work, 0)
         if times and now < times[-1]:
             now = times[-1]  # the clock is monotonic; a tie keeps the order
         if times and now - times[-1] < PREFILL_WINDOW_S:
@@ -249,6 +260,11 @@ class LoadMeter:
             return
         times.append(now)
         totals.append(total)
+
+    def caching(self, url: str, now: float) -> None:
+        """An answer of ``url`` said its prefix cache held prompt tokens: from now on, its
+        prompts count what it was expected to compute (``prefill``)."""
+        self._endpoint(url, now).caches = True
 
     def release(self, url: str, key: str, now: float) -> None:
         """The request ``key`` prefilled on ``url`` ended by ``now``: its cache is freed."""
@@ -305,6 +321,8 @@ def loaded_outcome(load: LoadMeter, outcome: Outcome, key: str = "") -> Outcome:
     here."""
     url, end = outcome.labels.endpoint, outcome.started_at + outcome.duration_s
     load.release(url, key or outcome.labels.request_id, end)
+    if outcome.cached_tokens:
+        load.caching(url, end)
     mean = load.mean(url, outcome.started_at, end)
     prefill = kv = batch = None
     if outcome.ttft_s is not None and outcome.decode_s and outcome.steps:

@@ -99,8 +99,15 @@ class Gateway:
         flight = self._flight(endpoint)
         flight.move(flight.count - 1)
 
-    def prefilled(self, endpoint: str, prompt_tokens: int, now: float, key: str = "") -> None:
-        self.load.prefill(endpoint, prompt_tokens, now, key)
+    def prefilled(
+        self,
+        endpoint: str,
+        prompt_tokens: int,
+        now: float,
+        key: str = "",
+        computed: int | None = None,
+    ) -> None:
+        self.load.prefill(endpoint, prompt_tokens, now, key, computed)
 
     def record(self, outcome: Outcome, now: float, key: str = "") -> None:
         loaded = loaded_outcome(self.load, outcome, key)

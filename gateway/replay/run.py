@@ -147,6 +147,7 @@ class _Pending:
     prompt_tokens: int
     reports: bool = True  # the answer carries per-request metrics
     prefill: int = 0  # what its replica counts its endpoint to prefill until its first token
+    computed: int | None = None  # of its prompt, what the prefix map expects it to compute
 
 
 class _Driver:
@@ -338,7 +339,7 @@ class _Driver:
         )
         self.placing.sent(features, endpoint)
         sent = _Sent(replica, features.prompt_tokens)
-        prefill = affinity.uncached(endpoint) if affinity is not None else 0
+        prefill = affinity.uncached(endpoint) if affinity is not None else None
         self._submit(now, index, ask, decision, sent, shadow=False, endpoint=endpoint)
         self._queued(index, endpoint, prefill)
         target = decision.shadow_to
@@ -353,12 +354,15 @@ class _Driver:
                 if affinity is not None and at is not None:
                     self._queued(key, at, affinity.uncached(at))
 
-    def _queued(self, index: int, endpoint: str, prefill: int) -> None:
+    def _queued(self, index: int, endpoint: str, prefill: int | None) -> None:
         """The request's prompt counted as awaiting prefill on its endpoint, by its replica,
-        as the gateway's pools count it (``Endpoint.prefilling``)."""
+        as the gateway's pools count it (``Endpoint.prefilling``): what the prefix map
+        expects it to compute (None: nothing known, counted as 0 there, whole once
+        prefilled)."""
         pending = self.pending[index]
-        pending.prefill = prefill
-        pending.replica.prefilling[endpoint] = pending.replica.prefilling.get(endpoint, 0) + prefill
+        pending.prefill, pending.computed = prefill or 0, prefill
+        queue = pending.replica.prefilling
+        queue[endpoint] = queue.get(endpoint, 0) + (prefill or 0)
 
     def _skip(self, why: str) -> None:
         self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
@@ -422,7 +426,8 @@ class _Driver:
     def _first_token(self, served: Served, now: float) -> None:
         """A stream's first event: its replica counts its prompt as prefilled."""
         pending = self.pending[served.key]
-        pending.replica.prefilled(served.endpoint, pending.prompt_tokens, now, str(served.key))
+        replica, key = pending.replica, str(served.key)
+        replica.prefilled(served.endpoint, pending.prompt_tokens, now, key, pending.computed)
         self._unqueued(pending, served.endpoint)
 
     def _unqueued(self, pending: _Pending, endpoint: str) -> None:

@@ -173,3 +173,34 @@ def test_an_outcome_carries_its_batch_and_cache_and_frees_its_prompt():
     loaded = loaded_outcome(load, outcome)
     assert loaded.kv == pytest.approx(12200) and loaded.batch == pytest.approx(2.0)
     assert load.cached(URL, 6.0, 7.0) == pytest.approx((12000.0, 1.0))  # its own freed
+
+
+def test_a_caching_endpoints_prompts_count_what_it_was_expected_to_compute():
+    """A conversation's turn whose history the endpoint holds computes only its new tokens;
+    counted whole, an agent's turns read as many times the prefill they are. Until an answer
+    says the endpoint's cache held something, every prompt counts whole."""
+    clock = Clock()
+    load = meter(InFlight(clock))
+    load.sample(0.0)
+    load.prefill(URL, 30_000, 1.0, "t1", computed=2_000)
+    assert load.prefilled(URL, 0.0, 1.0) == 30_000  # not known to cache yet
+    labels = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
+    answer = Outcome(
+        labels=dataclasses.replace(labels, request_id="t1"),
+        status=Status.OK,
+        started_at=0.5,
+        duration_s=2.0,
+        ttft_s=0.5,
+        tpot_s=0.05,
+        prompt_tokens=30_000,
+        completion_tokens=20,
+        chunks=20,
+        signal=Signal.PER_REQUEST,
+        cached_tokens=27_900,
+    )
+    loaded_outcome(load, answer)
+    load.prefill(URL, 32_000, 3.0, "t2", computed=2_000)
+    load.prefill(URL, 900, 3.5, "other")  # nothing known of it: whole
+    assert load.prefilled(URL, 2.9, 4.0) == 2_900
+    load.sample(4.0)
+    assert load.cached(URL, 3.6, 4.0) == pytest.approx((32_900.0, 2.0))  # all of it held
