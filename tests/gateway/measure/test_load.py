@@ -12,6 +12,21 @@ from gateway.measure.acceptance import Labels, Outcome, Signal, Status
 from gateway.measure.load import PREFILL_WINDOW_S, LoadMeter, loaded_outcome
 
 URL = "http://spec:8000"
+LABELS = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
+DECODED = Outcome(  # a request of 200 prompt tokens, decoded from 0.5 s to 6 s
+    labels=LABELS,
+    status=Status.OK,
+    started_at=0.0,
+    duration_s=6.0,
+    ttft_s=0.5,
+    tpot_s=0.05,
+    prompt_tokens=200,
+    completion_tokens=101,
+    chunks=41,
+    signal=Signal.PER_REQUEST,
+    steps=40,
+    decode_s=5.5,
+)
 
 
 class Clock:
@@ -79,24 +94,9 @@ def test_prompts_prefilled_while_a_request_decoded_are_counted_per_step():
     load.prefill(URL, 1000, 3.0)
     load.prefill(URL, 9999, 7.0)  # after it ended
     assert load.prefilled(URL, 0.5, 6.0) == 6000
-    labels = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
-    outcome = Outcome(
-        labels=labels,
-        status=Status.OK,
-        started_at=0.0,
-        duration_s=6.0,
-        ttft_s=0.5,
-        tpot_s=0.05,
-        prompt_tokens=200,
-        completion_tokens=101,
-        chunks=41,
-        signal=Signal.PER_REQUEST,
-        steps=40,
-        decode_s=5.5,
-    )
     clock.now = 6.0
     load.sample(6.0)
-    assert loaded_outcome(load, outcome).prefill == pytest.approx(6000 / 40)
+    assert loaded_outcome(load, DECODED).prefill == pytest.approx(6000 / 40)
 
 
 def test_prefills_cost_one_entry_per_window_whatever_the_request_rate():
@@ -152,22 +152,7 @@ def test_an_outcome_carries_its_batch_and_cache_and_frees_its_prompt():
     load.sample(0.0)
     load.prefill(URL, 12000, 0.5, "long")
     load.prefill(URL, 200, 0.5, "own")
-    labels = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
-    labels = dataclasses.replace(labels, request_id="own")
-    outcome = Outcome(
-        labels=labels,
-        status=Status.OK,
-        started_at=0.0,
-        duration_s=6.0,
-        ttft_s=0.5,
-        tpot_s=0.05,
-        prompt_tokens=200,
-        completion_tokens=101,
-        chunks=41,
-        signal=Signal.PER_REQUEST,
-        steps=40,
-        decode_s=5.5,
-    )
+    outcome = dataclasses.replace(DECODED, labels=dataclasses.replace(LABELS, request_id="own"))
     clock.now = 6.0
     load.sample(6.0)
     loaded = loaded_outcome(load, outcome)
@@ -184,18 +169,11 @@ def test_a_caching_endpoints_prompts_count_what_it_was_expected_to_compute():
     load.sample(0.0)
     load.prefill(URL, 30_000, 1.0, "t1", computed=2_000)
     assert load.prefilled(URL, 0.0, 1.0) == 30_000  # not known to cache yet
-    labels = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
-    answer = Outcome(
-        labels=dataclasses.replace(labels, request_id="t1"),
-        status=Status.OK,
-        started_at=0.5,
-        duration_s=2.0,
-        ttft_s=0.5,
-        tpot_s=0.05,
+    answer = dataclasses.replace(
+        DECODED,
+        labels=dataclasses.replace(LABELS, request_id="t1"),
+        duration_s=2.5,  # ended at 2.5 s
         prompt_tokens=30_000,
-        completion_tokens=20,
-        chunks=20,
-        signal=Signal.PER_REQUEST,
         cached_tokens=27_900,
     )
     loaded_outcome(load, answer)
