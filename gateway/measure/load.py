@@ -104,9 +104,9 @@ class _Endpoint:
     seq_area: float = 0.0
     kv_at: float = 0.0
     kv_times: array[float] = field(default_factory=_doubles)
-    caches: bool = False  # an answer of it said its prefix cache held prompt tokens
     kv_areas: array[float] = field(default_factory=_doubles)
     seq_areas: array[float] = field(default_factory=_doubles)
+    caches: bool = False  # an answer of it said its prefix cache held prompt tokens
 
     def kv_move(self, now: float, delta: float, seqs: int) -> None:
         """The cached prompt tokens change by ``delta`` and the decoding requests by

@@ -7,10 +7,13 @@ prefills all of it again. So the load-neutral prices (``pricing.py``) count each
 prefill of what its endpoint did not hold, and what always-standard, always-speculative
 and the oracle would have paid for it comes from these runs: the same conversations (a
 scenario's seed draws every one of them), served on one pool from first turn to last,
-through the same simulator and placement. The pool has every endpoint of the ladder, as the
-load-neutral prices give it the whole ladder's hardware: the same KV memory (but for a
-draft model's share on a speculative pool), so conversations too many for it are evicted
-there too, and not for want of the other pool's memory.
+through the same simulator and placement. The pool has its own endpoints (``memory``
+"pool": the deployment's memory for it, the other pool's idle), or as many as the whole
+ladder has ("ladder": the whole ladder's hardware, as the load-neutral decode prices give
+it, and its KV memory but for a draft model's share on a speculative pool). Neither is the
+truth where a pool's memory cannot hold its conversations: the first makes always-standard
+thrash as one pool would, the second gives it memory the deployment does not have for it
+(``bench/RESULTS.md``, "Prefill in the price").
 """
 
 from __future__ import annotations

@@ -19,13 +19,12 @@ keep one and conversations resend their history (``held``: ``pinned.py``), a tur
 depends on where it runs, and every price counts it: the adaptive run's, of what the
 endpoint that served it did not hold; each pool's, of what it did not hold when it served
 every turn of the scenario (the oracle picks among those per class and phase, and changes
-pool between phases without re-prefilling anything: a bound the adaptive run cannot beat).
+pool between phases without re-prefilling anything).
 
 What exploring cost (``Cell.explored``): every mirror, whole, its prefill included, and for
-each request served
-on another rung than its slice's to learn something there (a probe of the rung above, a
-request explored one rung down), what it cost there less what it would have cost on the
-slice's own rung (negative where that rung was dearer).
+each request served on another rung than its slice's to learn something there (a probe of
+the rung above, a request explored one rung down), what it cost there less what it would
+have cost on the slice's own rung (negative where that rung was dearer).
 
 Pure.
 """
@@ -178,7 +177,7 @@ class _Priced:
             return value
         turns = self.held.get(pool, {})
         tokens = turns.get((row.talk, row.turn)) if row.talk else None
-        if tokens is None:  # not a conversation's turn: it finds what it found anywhere
+        if tokens is None:  # not a conversation's turn, or one the pinned run never sent
             tokens = max(row.prompt_tokens - row.cached, 0)
         return value + self.price.prefill_of(tokens, pool)
 
