@@ -357,12 +357,11 @@ class _Driver:
     def _queued(self, index: int, endpoint: str, prefill: int | None) -> None:
         """The request's prompt counted as awaiting prefill on its endpoint, by its replica,
         as the gateway's pools count it (``Endpoint.prefilling``): what the prefix map
-        expects it to compute (None: nothing known, counted as 0 there, whole once
-        prefilled)."""
+        expects it to compute (None: not known; 0 there)."""
         pending = self.pending[index]
         pending.prefill, pending.computed = prefill or 0, prefill
         queue = pending.replica.prefilling
-        queue[endpoint] = queue.get(endpoint, 0) + (prefill or 0)
+        queue[endpoint] = queue.get(endpoint, 0) + pending.prefill
 
     def _skip(self, why: str) -> None:
         self.replay.skipped[why] = self.replay.skipped.get(why, 0) + 1
