@@ -241,7 +241,7 @@ def _moving(
     views, now = services.stats.views, services.wall()
     conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn, now)
     moved, how, held_on = keep_or_move(
-        decision, features, affinity, services.pools, views, conversations, now
+        decision, features, affinity, services.pools, views, conversations, now, services.load.kept
     )
     if how is not None:
         services.telemetry.moved(held_on, decision.pool, how)

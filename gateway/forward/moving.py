@@ -17,6 +17,7 @@ re-prefills its conversation there.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
@@ -50,6 +51,8 @@ class Pools(Protocol):
 
     def healthy(self, pool: str) -> bool: ...
 
+    def urls(self, rungs: Sequence[str]) -> list[str]: ...
+
 
 class Prices(Protocol):
     """The guardrail's per-pool prices of a slice (``gateway/measure/views.py``)."""
@@ -67,10 +70,13 @@ def keep_or_move(
     views: Prices,
     conversations: Conversations,
     now: float,
+    kept: Callable[[str], float] = lambda _: 1.0,
 ) -> tuple[Decision, Moved | None, str]:
     """The decision, kept on the pool that holds the conversation when moving costs more
-    than it saves; what happened (None: nothing to price) and the pool it was held on."""
-    held = _held_by_pool(affinity, pools)
+    than it saves; what happened (None: nothing to price) and the pool it was held on.
+    ``kept``: the share of what the prefix map believes an endpoint holds that its answers
+    lately found cached (``LoadMeter.kept``), which weighs each endpoint's blocks."""
+    held = _held_by_pool(affinity, pools, kept)
     mirrored = decision.shadow_to is not None and decision.shadow_to != decision.pool
     if not held or features.prompt.turn <= 1 or (decision.probe and not mirrored) or decision.arm:
         return decision, None, ""
@@ -78,7 +84,7 @@ def keep_or_move(
     if old == decision.pool or old not in decision.rungs or not pools.healthy(old):
         return decision, None, ""
     prompt = features.prompt
-    cold = blocks - _held_on(affinity, pools, decision.pool)
+    cold = blocks - _held_on(affinity, pools, decision.pool, kept)
     if cold <= 0 or prompt.size <= 0:
         return decision, None, ""
     conversation = Conversation(
@@ -87,6 +93,7 @@ def keep_or_move(
         cached_share=min(cold * BLOCK_BYTES / prompt.size, 1.0),
         turns_left=conversations.turns_left(decision.slice, prompt.turn),
         tokens_per_turn=conversations.tokens_per_turn(decision.slice),
+        lost={pool: _lost(pools, pool, kept) for pool in (old, decision.pool)},
     )
     decode = views.seconds_per_token(decision.slice, now)
     prefill = views.prefill_seconds_per_token(decision.slice, now)
@@ -95,31 +102,40 @@ def keep_or_move(
         how = Moved.MOVED if price.saving_s is not None else Moved.UNPRICED
         return dataclasses.replace(decision, reason=f"{decision.reason}; {price.reason}"), how, old
     rungs = (old, *(r for r in decision.rungs if r != old))
-    kept = dataclasses.replace(decision, pool=old, rungs=rungs, reason=price.reason)
+    stays = dataclasses.replace(decision, pool=old, rungs=rungs, reason=price.reason)
     if decision.probe and old == decision.shadow_to:  # served where the probe looks
-        kept = dataclasses.replace(kept, shadow_to=None, shadow_tokens=None)
-    return kept, Moved.KEPT, old
+        stays = dataclasses.replace(stays, shadow_to=None, shadow_tokens=None)
+    return stays, Moved.KEPT, old
 
 
-def _held_by_pool(affinity: Affinity, pools: Pools) -> dict[str, int]:
-    """Pool -> the most blocks of the prompt an endpoint of it holds, of the pools with an
-    endpoint that was sent this conversation."""
-    out: dict[str, int] = {}
+def _held_by_pool(
+    affinity: Affinity, pools: Pools, kept: Callable[[str], float]
+) -> dict[str, float]:
+    """Pool -> the most blocks of the prompt an endpoint of it holds, as far as it keeps
+    what it is sent, of the pools with an endpoint that was sent this conversation."""
+    out: dict[str, float] = {}
     for url in affinity.holders:
         endpoint = pools.endpoint(url)
         if endpoint is not None:
-            blocks = affinity.held.get(url, 0)
-            out[endpoint.pool] = max(out.get(endpoint.pool, 0), blocks)
+            blocks = affinity.held.get(url, 0) * kept(url)
+            out[endpoint.pool] = max(out.get(endpoint.pool, 0.0), blocks)
     return out
 
 
-def _held_on(affinity: Affinity, pools: Pools, pool: str) -> int:
-    """The most blocks of the prompt an endpoint of ``pool`` holds (its system prompt, say)."""
+def _lost(pools: Pools, pool: str, kept: Callable[[str], float]) -> float:
+    """The share of what ``pool``'s endpoints are sent that they do not keep, on average."""
+    urls = pools.urls([pool])
+    return 1.0 - sum(kept(url) for url in urls) / len(urls) if urls else 0.0
+
+
+def _held_on(affinity: Affinity, pools: Pools, pool: str, kept: Callable[[str], float]) -> float:
+    """The most blocks of the prompt an endpoint of ``pool`` holds (its system prompt, say),
+    as far as it keeps what it is sent."""
     return max(
         (
-            blocks
+            blocks * kept(url)
             for url, blocks in affinity.held.items()
             if (endpoint := pools.endpoint(url)) is not None and endpoint.pool == pool
         ),
-        default=0,
+        default=0.0,
     )

@@ -41,6 +41,15 @@ An outcome's own prefill, told at its first token, is then always before its dec
 a window dated at its last prefill would move it inside, and a long prompt's own prefill
 would read as the steps' shared cost.
 
+What an endpoint kept (``kept``): the map says what the endpoint was sent, not what its
+cache still holds; an engine short of memory evicts a conversation between its turns. Each
+answer that says how many prompt tokens were cached, of a prompt the map believed at least
+``MIN_BELIEVED`` tokens of held there, gives the share of that belief the engine kept, and
+the endpoint's ``kept`` is their moving mean (1 until an answer says otherwise). A prompt
+counts as computed what the map did not believe held plus the part of the belief the
+endpoint did not keep, and the price of moving a conversation
+(``gateway/forward/moving.py``) weighs what each pool holds by it.
+
 Never awaits on the request path; ``sample`` is O(endpoints), a question O(log history).
 """
 
@@ -57,6 +66,8 @@ from gateway.measure.acceptance import Outcome
 
 SAMPLE_EVERY_S = 0.25  # how often a running gateway samples its endpoints' loads
 PREFILL_WINDOW_S = 0.02  # prefills kept as one entry per endpoint per window (module docstring)
+MIN_BELIEVED = 256  # prompt tokens believed cached for an answer to say what was kept
+KEPT_WEIGHT = 0.2  # of each answer in the moving mean of what an endpoint kept
 
 
 @dataclass(slots=True)
@@ -107,6 +118,8 @@ class _Endpoint:
     kv_areas: array[float] = field(default_factory=_doubles)
     seq_areas: array[float] = field(default_factory=_doubles)
     caches: bool = False  # an answer of it said its prefix cache held prompt tokens
+    believed: dict[str, float] = field(default_factory=dict)  # per key, tokens held by the map
+    kept: float = 1.0  # the share of what the map believed held that its answers found cached
 
     def kv_move(self, now: float, delta: float, seqs: int) -> None:
         """The cached prompt tokens change by ``delta`` and the decoding requests by
@@ -171,6 +184,7 @@ class _Endpoint:
             for key in stale:
                 self.kv_move(self.kv_at, -self.cached[key][0], -1)
                 del self.cached[key]
+                self.believed.pop(key, None)
 
 
 class LoadMeter:
@@ -250,8 +264,12 @@ class LoadMeter:
         if key and key not in e.cached:
             e.kv_move(now, max(tokens, 0), 1)
             e.cached[key] = (float(max(tokens, 0)), now)
+            if computed is not None:
+                e.believed[key] = float(max(tokens - computed, 0))
         times, totals = e.prefill_times, e.prefilled
-        work = tokens if computed is None or not e.caches else min(computed, tokens)
+        work = tokens
+        if computed is not None and e.caches:
+            work = tokens - round(e.kept * max(tokens - computed, 0))
         total = (totals[-1] if totals else 0.0) + max(work, 0)
         if times and now < times[-1]:
             now = times[-1]  # the clock is monotonic; a tie keeps the order
@@ -266,13 +284,26 @@ class LoadMeter:
         prompts count what it was expected to compute (``prefill``)."""
         self._endpoint(url, now).caches = True
 
-    def release(self, url: str, key: str, now: float) -> None:
-        """The request ``key`` prefilled on ``url`` ended by ``now``: its cache is freed."""
+    def release(self, url: str, key: str, now: float, cached_tokens: int | None = None) -> None:
+        """The request ``key`` prefilled on ``url`` ended by ``now``: its cache is freed;
+        ``cached_tokens``: how many of its prompt tokens its answer said were cached (None:
+        it did not say), against what the map believed (module docstring, ``kept``)."""
         e = self._endpoints.get(url.rstrip("/"))
         held = e.cached.get(key) if e is not None and key else None
-        if e is not None and held is not None:
-            e.kv_move(now, -held[0], -1)
-            del e.cached[key]
+        if e is None or held is None:
+            return
+        e.kv_move(now, -held[0], -1)
+        del e.cached[key]
+        believed = e.believed.pop(key, None)
+        if cached_tokens is not None and believed is not None and believed >= MIN_BELIEVED:
+            share = min(max(cached_tokens, 0) / believed, 1.0)
+            e.kept += KEPT_WEIGHT * (share - e.kept)
+
+    def kept(self, url: str) -> float:
+        """The share of what the prefix map believes ``url`` holds that its answers found
+        cached lately (module docstring); 1 until one said."""
+        e = self._endpoints.get(url.rstrip("/"))
+        return e.kept if e is not None else 1.0
 
     def cached(self, url: str, since: float, until: float) -> tuple[float, float] | None:
         """Mean prompt tokens held in ``url``'s cache, and mean requests decoding there
@@ -320,9 +351,9 @@ def loaded_outcome(load: LoadMeter, outcome: Outcome, key: str = "") -> Outcome:
     key). ``key``: the request's key at ``prefill`` (default its request id), released
     here."""
     url, end = outcome.labels.endpoint, outcome.started_at + outcome.duration_s
-    load.release(url, key or outcome.labels.request_id, end)
     if outcome.cached_tokens:
         load.caching(url, end)
+    load.release(url, key or outcome.labels.request_id, end, outcome.cached_tokens)
     mean = load.mean(url, outcome.started_at, end)
     prefill = kv = batch = None
     if outcome.ttft_s is not None and outcome.decode_s and outcome.steps:

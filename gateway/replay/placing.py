@@ -30,7 +30,7 @@ the gateway did before the price existed); ``follow`` is ``prefix`` without the 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +71,7 @@ class _Where:
 
     def __init__(self, endpoints: Mapping[str, list[str]]) -> None:
         self._pool = {name: pool for pool, names in endpoints.items() for name in names}
+        self._names = endpoints
 
     def endpoint(self, url: str) -> _Member | None:
         pool = self._pool.get(url)
@@ -78,6 +79,9 @@ class _Where:
 
     def healthy(self, pool: str) -> bool:
         return True
+
+    def urls(self, rungs: Sequence[str]) -> list[str]:
+        return [name for pool in rungs for name in self._names.get(pool, ())]
 
 
 class Placing:
@@ -130,13 +134,16 @@ class Placing:
         views: MovePrices,
         conversations: Conversations,
         now: float,
+        kept: Callable[[str], float],
     ) -> Decision:
-        """The decision after the move price (``prefix`` only), the outcome counted."""
+        """The decision after the move price (``prefix`` only), the outcome counted;
+        ``kept``: what each endpoint keeps of what it is sent, as the replica measures it
+        (``LoadMeter.kept``)."""
         conversations.saw(decision.slice, features.prompt.opening, features.prompt.turn, now)
         if affinity is None or self.strategy not in ("prefix", "oracle"):
             return decision
         moved, how, _ = keep_or_move(
-            decision, features, affinity, self._where, views, conversations, now
+            decision, features, affinity, self._where, views, conversations, now, kept
         )
         if how is not None:
             self.moves[how.value] = self.moves.get(how.value, 0) + 1

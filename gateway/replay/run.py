@@ -3,32 +3,31 @@
 Steps 2-4 and 6-7 of a request are the gateway's own: ``schema.parse``, ``classify``,
 ``decide``, the acceptance ``Fold`` and ``LiveStats.record``/``tick`` (which step the
 guardrail), with the load meter between them as a running gateway has it: its own requests
-in flight integrated exactly, the engines' gauges read every few seconds, prompts counted
-as prefilled when their first token comes, each replica of the deployment
+in flight integrated exactly, the engines' gauges read every few seconds, prompts counted as
+prefilled when their first token comes, each replica of the deployment
 (``Scenario.gateways``) with its own and sharing state as through Redis
 (``gateway/replay/replicas.py``, ``gateway/replay/shared.py``). Step 5 is
 ``backends.sim.cluster``: every pool of the model's ladder as simulated endpoints sharing
-one virtual clock. Each routing decision is made at the
-request's arrival, from the guardrail state that the outcomes finished before it left;
-shadow mirrors run too (they load their pool and are measured, and cost what they cost).
+one virtual clock. Each routing decision is made at the request's arrival, from the
+guardrail state that the outcomes finished before it left; shadow mirrors run too (they load
+their pool and are measured, and cost what they cost).
 
-Within a pool, a request goes to the endpoint the live gateway would choose: its
-prompt's prefix placed under the load bound by ``backends/placement.py``, over a prefix map
-of what was sent where, and a conversation cached on another pool than its slice's rung
-kept there or moved by ``gateway/forward/moving.py``'s price (``placement``: the other
-strategies ``bench/agent_cache.py`` compares; ``gateway/replay/placing.py``). A traffic
-class with a ``session`` sends multi-turn conversations (``bodies.Talk``), each turn after
-the answer to the one before.
+Within a pool, a request goes to the endpoint the live gateway would choose: its prompt's
+prefix placed under the load bound by ``backends/placement.py``, over a prefix map of what
+was sent where, and a conversation cached on another pool than its slice's rung kept there
+or moved by ``gateway/forward/moving.py``'s price (``placement``: the other strategies
+``bench/agent_cache.py`` compares; ``gateway/replay/placing.py``). A traffic class with a
+``session`` sends multi-turn conversations (``bodies.Talk``), each turn after the answer to
+the one before.
 
 Every request is kept as a ``Row`` with what pricing needs: its true per-token acceptance,
 its tokens, its mean context while decoding (prompt plus half its answer), the pool that
 served it, and the load actually carried while it ran (mean requests in flight per endpoint
 over the whole ladder), and what the agent benchmarks read: its endpoint, its first token,
-its prompt and the part of it the endpoint held cached, its conversation and turn. The
-pools step on the replay's cost model (``cost``: unless given, the curve measured on an
-H200 for the model's size, ``GPU_32B`` for ``qwen3-32b``), and pricing uses the same one.
-
-Pure apart from CPU: no I/O, no clock.
+its prompt and the part of it the endpoint held cached, its conversation and turn. The pools
+step on the replay's cost model (``cost``: unless given, the curve measured on an H200 for
+the model's size, ``GPU_32B`` for ``qwen3-32b``), and pricing uses the same one. Pure apart
+from CPU: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -329,10 +328,10 @@ class _Driver:
         if decision.pool not in self.cluster.pools:  # a logged request for another model
             self._skip(f"model {parsed.model!r} is not on the ladder replayed ({self.model})")
             return
-        views, talks = replica.stats.views, replica.conversations
+        views, talks, kept = replica.stats.views, replica.conversations, replica.load.kept
         costs = prices(views, talks.tokens_per_turn(decision.slice), decision.slice, now)
         affinity = self.placing.affinity(features, ask.body, costs)
-        decision = self.placing.priced(decision, features, affinity, views, talks, now)
+        decision = self.placing.priced(decision, features, affinity, views, talks, now, kept)
         own = replica.own()
         endpoint = self.placing.choose(
             decision.pool, ask.body, features, affinity, own, replica.prefilling

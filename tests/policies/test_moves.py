@@ -1,7 +1,7 @@
 """The price of moving a cached conversation to its slice's new rung: it moves when the
-decode saving over its turns left pays for re-prefilling its context there, is kept where
-its cache is otherwise, and follows the rung while no price is known; the reason says the
-figures."""
+decode saving over its turns left (and the re-prefills spared where memory is short) pays
+for re-prefilling its context there, is kept where its cache is otherwise, and follows the
+rung while no price is known; the reason says the figures."""
 
 from __future__ import annotations
 
@@ -53,6 +53,29 @@ def test_no_saving_keeps_it():
     price = price_move(agent(5_000), "standard", DECODE, PREFILL)  # standard is dearer
     assert not price.move and price.saving_s is not None and price.saving_s < 0
     assert price.reason.endswith("for no decode saving")
+
+
+def test_a_pool_that_keeps_little_of_what_it_is_sent_costs_its_later_turns_re_prefills():
+    # standard decodes for less, but evicts half of what it is sent between turns: three
+    # more turns there re-prefill half their 8,000 tokens each, where spec keeps them
+    thrashing = Conversation("spec", 8_000, 1.0, 3.0, 100.0, {"standard": 0.5, "spec": 0.0})
+    decode = {"spec": 0.012, "standard": 0.010}
+    assert price_move(agent(8_000, per_turn=100.0), "standard", decode, PREFILL).move
+    price = price_move(thrashing, "standard", decode, PREFILL)
+    assert not price.move
+    assert price.memory_s == pytest.approx(-3 * 8_000 * 0.5 * 0.00007)
+    assert price.reason == (
+        "kept on spec: moving would re-prefill 8,000 tokens (~560 ms) for ~800 ms of decode "
+        "saving, less ~840 ms of re-prefills where memory is short"
+    )
+    # and the other way round: leaving a pool that evicts spares them
+    leaving = Conversation("spec", 8_000, 1.0, 3.0, 100.0, {"spec": 0.5})
+    price = price_move(leaving, "standard", {"spec": 0.01, "standard": 0.01}, PREFILL)
+    assert price.move and price.memory_s == pytest.approx(3 * 8_000 * 0.5 * 0.00008)
+    assert price.reason == (
+        "moved from spec: re-prefilling 8,000 tokens (~560 ms) is paid by ~960 ms of "
+        "re-prefills spared where memory is short"
+    )
 
 
 @pytest.mark.parametrize(

@@ -56,12 +56,16 @@ def decide(
     prices: Priced | None = None,
     turns: int = 9,
     features: Features = FEATURES,
+    kept: dict[str, float] | None = None,
 ):
     pools = Pools(POOLS, Upstream(), lambda: 0.0)
     prices = prices or Priced({"spec": 0.012, "standard": 0.010}, {"standard": 0.0003})
     past = {url for url, blocks in held.items() if blocks > 7}  # beyond the opening
     affinity = Affinity(5, held, frozenset(past))
-    return keep_or_move(decision, features, affinity, pools, prices, learned(turns), 0.0)
+    share = (kept or {}).get
+    return keep_or_move(
+        decision, features, affinity, pools, prices, learned(turns), 0.0, lambda u: share(u, 1.0)
+    )
 
 
 def test_a_conversation_with_little_left_to_save_is_kept_where_it_is_cached():
@@ -79,6 +83,14 @@ def test_a_conversation_with_much_left_to_save_moves():
     )
     assert how is Moved.MOVED and decision.pool == "standard"
     assert decision.reason.startswith("fallen back; moved from spec: re-prefilling 7,000 tokens")
+
+
+def test_an_endpoint_that_keeps_little_of_what_it_is_sent_holds_little_to_lose():
+    # spec's answers lately found a tenth of what the map believed cached there: moving
+    # re-prefills what it would mostly re-prefill on spec anyway
+    decision, how, _ = decide({SPEC: 120}, kept={SPEC: 0.1})
+    assert how is Moved.MOVED and "re-prefilling 700 tokens" in decision.reason
+    assert decide({SPEC: 120}, kept={SPEC: 0.9})[1] is Moved.KEPT
 
 
 def test_without_prices_it_follows_the_rung():

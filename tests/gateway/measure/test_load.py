@@ -9,7 +9,13 @@ import pytest
 
 from backends.pool import InFlight
 from gateway.measure.acceptance import Labels, Outcome, Signal, Status
-from gateway.measure.load import PREFILL_WINDOW_S, LoadMeter, loaded_outcome
+from gateway.measure.load import (
+    KEPT_WEIGHT,
+    MIN_BELIEVED,
+    PREFILL_WINDOW_S,
+    LoadMeter,
+    loaded_outcome,
+)
 
 URL = "http://spec:8000"
 LABELS = Labels(model="m", rule="r", slice="s", pool="spec", k=4, endpoint=URL)
@@ -174,7 +180,7 @@ def test_a_caching_endpoints_prompts_count_what_it_was_expected_to_compute():
         labels=dataclasses.replace(LABELS, request_id="t1"),
         duration_s=2.5,  # ended at 2.5 s
         prompt_tokens=30_000,
-        cached_tokens=27_900,
+        cached_tokens=28_000,  # all that the map believed it held
     )
     loaded_outcome(load, answer)
     load.prefill(URL, 32_000, 3.0, "t2", computed=2_000)
@@ -182,3 +188,36 @@ def test_a_caching_endpoints_prompts_count_what_it_was_expected_to_compute():
     assert load.prefilled(URL, 2.9, 4.0) == 2_900
     load.sample(4.0)
     assert load.cached(URL, 3.6, 4.0) == pytest.approx((32_900.0, 2.0))  # all of it held
+
+
+def test_an_endpoint_that_evicts_what_it_was_sent_is_believed_to_keep_less():
+    """The map says what an endpoint was sent; its answers say what its cache still held.
+    An engine short of memory evicts conversations between their turns: its prompts then
+    count what it recomputes, and what it holds is weighed by what it keeps."""
+    clock = Clock()
+    load = meter(InFlight(clock))
+    load.sample(0.0)
+    assert load.kept(URL) == 1.0  # nothing said yet
+    for i in range(20):  # every answer finds a quarter of what the map believed held
+        key = f"t{i}"
+        load.prefill(URL, 40_000, 1.0 + i, key, computed=4_000)
+        answer = dataclasses.replace(
+            DECODED,
+            labels=dataclasses.replace(LABELS, request_id=key),
+            started_at=1.0 + i,
+            duration_s=0.5,
+            prompt_tokens=40_000,
+            cached_tokens=9_000,
+        )
+        loaded_outcome(load, answer)
+    assert load.kept(URL) == pytest.approx(0.25, abs=0.75 * (1 - KEPT_WEIGHT) ** 20 + 1e-9)
+    load.prefill(URL, 40_000, 30.0, "next", computed=4_000)
+    # the 4,000 it was expected to compute, and the ~three quarters of the rest it lost
+    assert load.prefilled(URL, 29.9, 30.1) == 40_000 - round(load.kept(URL) * 36_000)
+    # answers that say nothing, or of prompts hardly believed held, change nothing
+    before = load.kept(URL)
+    load.prefill(URL, 1_000, 31.0, "short", computed=1_000 - MIN_BELIEVED + 1)
+    load.release(URL, "short", 31.5, cached_tokens=0)
+    load.prefill(URL, 40_000, 32.0, "silent", computed=4_000)
+    load.release(URL, "silent", 32.5, cached_tokens=None)
+    assert load.kept(URL) == before
