@@ -6,8 +6,8 @@ A cell is one (shape, role, B, q, L): the forward of ``B`` sequences with ``q`` 
 each against ``L`` cached tokens each. ``role`` is ``target`` (q = 1 is a plain decode step,
 q = k + 1 verifies k drafts) or ``draft`` (always q = 1: one draft-model step).
 
-Longer than most modules because it travels with ``steptime.py`` to a GPU machine with no
-checkout: the two files are the whole benchmark there, so the analysis is not spread wider.
+Why one module past 600 lines: it travels with ``steptime.py`` to a GPU machine with no
+checkout, where the two files are the whole benchmark, so the analysis is not spread wider.
 """
 
 from __future__ import annotations

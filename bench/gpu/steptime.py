@@ -57,9 +57,9 @@ speed-up at each batch, how a line fitted over B <= 16 misses at B = 64 and 256,
 cost model's fit with its error over the cells. ``--analyse CSV --shape 8b,32b`` prints the
 same for a saved run, fitted by this checkout's code.
 
-Longer than most modules because it is copied alone (with ``stepcurve.py``) to a GPU machine
-that has torch and transformers but no checkout and no network: model building, timing and
-reporting must live in these two files.
+Why one module past 600 lines: it is copied alone (with ``stepcurve.py``) to a GPU machine
+that has torch and transformers but no checkout and no network, so model building, timing
+and reporting must live in these two files.
 """
 
 from __future__ import annotations
