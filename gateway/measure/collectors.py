@@ -1,10 +1,10 @@
 """Gauges read when /metrics is scraped, never on the request path: each speculative pool's
-acceptance from its own counters, each pool's price, every flag's state (the kill switch
-among them), and every slice's guardrail state and the guardrail's estimate of what its
-output tokens cost on each rung. Read at each scrape, they are what the gateway holds at
-that moment: from its start, after each change of a flag (by ops, by another replica
-through the shared store, or by a policy reload), and without the slices of a rule the
-policy no longer has.
+acceptance from its own counters, each pool's price, what each endpoint's prefix cache kept
+of what it was sent, every flag's state (the kill switch among them), and every slice's
+guardrail state and the guardrail's estimate of what its output tokens cost on each rung.
+Read at each scrape, they are what the gateway holds at that moment: from its start, after
+each change of a flag (by ops, by another replica through the shared store, or by a policy
+reload), and without the slices of a rule the policy no longer has.
 
 Slice labels go through the same cap as the request counters (``slicecap.py``); slices
 folded into ``other`` appear only in the per-rule counts.
@@ -95,6 +95,37 @@ class Prices(Collector):
             if pool.cost_per_hour is not None:
                 price.add_metric([name], pool.cost_per_hour)
         yield price
+
+
+class CacheKept(Collector):
+    """Per endpoint whose answers said it, the share of what the prefix map believed it held
+    that its prefix cache still held (``LoadMeter.kept``): well under 1, the engine evicts
+    conversations between their turns, and the price of moving one counts it."""
+
+    def __init__(
+        self,
+        policy: Callable[[], CompiledPolicy],
+        kept: Callable[[], Mapping[str, tuple[float, int]]],
+    ) -> None:
+        self._policy = policy
+        self._kept = kept
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        share = GaugeMetricFamily(
+            "speclane_endpoint_cache_kept_ratio",
+            "of the prompt tokens the prefix map believed an endpoint's cache held, the share "
+            "its answers found cached (a moving mean); absent until an answer says",
+            labels=["pool", "endpoint"],
+        )
+        pool_of = {
+            url.rstrip("/"): name
+            for name, pool in self._policy().pools.items()
+            for url in pool.endpoints
+        }
+        for url, (kept, _) in sorted(self._kept().items()):
+            if url in pool_of:
+                share.add_metric([pool_of[url], url], kept)
+        yield share
 
 
 class FlagStates(Collector):

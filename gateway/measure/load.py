@@ -120,6 +120,7 @@ class _Endpoint:
     caches: bool = False  # an answer of it said its prefix cache held prompt tokens
     believed: dict[str, float] = field(default_factory=dict)  # per key, tokens held by the map
     kept: float = 1.0  # the share of what the map believed held that its answers found cached
+    kept_answers: int = 0  # the answers that said it
 
     def kv_move(self, now: float, delta: float, seqs: int) -> None:
         """The cached prompt tokens change by ``delta`` and the decoding requests by
@@ -298,12 +299,20 @@ class LoadMeter:
         if cached_tokens is not None and believed is not None and believed >= MIN_BELIEVED:
             share = min(max(cached_tokens, 0) / believed, 1.0)
             e.kept += KEPT_WEIGHT * (share - e.kept)
+            e.kept_answers += 1
 
     def kept(self, url: str) -> float:
         """The share of what the prefix map believes ``url`` holds that its answers found
         cached lately (module docstring); 1 until one said."""
         e = self._endpoints.get(url.rstrip("/"))
         return e.kept if e is not None else 1.0
+
+    def kept_shares(self) -> dict[str, tuple[float, int]]:
+        """Per endpoint whose answers said it: its ``kept`` share and how many answers said
+        it (for ``/admin/stats`` and the metrics)."""
+        return {
+            url: (e.kept, e.kept_answers) for url, e in self._endpoints.items() if e.kept_answers
+        }
 
     def cached(self, url: str, since: float, until: float) -> tuple[float, float] | None:
         """Mean prompt tokens held in ``url``'s cache, and mean requests decoding there

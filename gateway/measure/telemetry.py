@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from gateway.measure.acceptance import Outcome
 from gateway.measure.collectors import (
+    CacheKept,
     FlagStates,
     GuardrailStates,
     LoopTasks,
@@ -372,12 +373,14 @@ class Telemetry:
         policy: Callable[[], CompiledPolicy],
         wall: Callable[[], float],
         flags: Callable[[], Mapping[str, tuple[FlagValue, str]]] = dict,
+        kept: Callable[[], Mapping[str, tuple[float, int]]] = dict,
     ) -> None:
-        """Read the guardrail's states and estimates, the pools' prices and the flags'
-        states at each scrape (guardrail states and flags are shared between workers and
-        replicas through the store)."""
+        """Read the guardrail's states and estimates, the pools' prices, what the endpoints'
+        caches kept and the flags' states at each scrape (guardrail states and flags are
+        shared between workers and replicas through the store; the rest is this worker's)."""
         self._collect(GuardrailStates(views, self.slice_label, wall))
         self._collect(Prices(policy))
+        self._collect(CacheKept(policy, kept))
         self._collect(FlagStates(flags))
 
     def policy_changed(self, rules: frozenset[str]) -> None:

@@ -225,7 +225,11 @@ class Admin:
                 pool = configured[name]
                 shows = self.services.engines.of(pool.engine).shows
                 entry.update(describe(pool, shows), signals_seen=self.services.signals.of(name))
+        kept = self.services.load.kept_shares()
         for name, hits in self.services.feedback.cache.summary().items():
+            for url, endpoint in hits["endpoints"].items():
+                share, answers = kept.get(url.rstrip("/"), (None, 0))
+                endpoint.update(kept=share, kept_answers=answers)
             pools.setdefault(name, {})["prefix_cache"] = hits
         wall = self.services.wall()
         return _json({"slices": views.summary(wall), "pools": pools, "splits": views.splits(wall)})

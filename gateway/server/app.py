@@ -130,7 +130,7 @@ def build_services(
         prefixes=_prefixes(settings, clock),
         engines=engines,
     )
-    telemetry.watch(stats.views, current, wall, flags.known)
+    telemetry.watch(stats.views, current, wall, flags.known, load.kept_shares)
     holder.subscribe(lambda new: policy_changed(services, new))
     return services
 

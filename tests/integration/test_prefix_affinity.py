@@ -282,6 +282,11 @@ async def test_the_cache_hit_ratio_shows_per_pool_and_endpoint(tmp_path: Path):
     assert pools["standard"]["prefix_cache_hit_ratio"] == 0.75
     assert pools["standard"]["endpoints"][0]["prefix_cache_hit_ratio"] == 0.75
     assert f'speclane_cached_prompt_tokens_total{{endpoint="{b}",pool="standard"}} 900.0' in metrics
+    # the map believed the second and third prompts held whole; the engine held 300 of 400
+    kept = cache["endpoints"][b]
+    assert kept["kept_answers"] == 2 and 0.5 < kept["kept"] < 1.0
+    gauge = f'speclane_endpoint_cache_kept_ratio{{endpoint="{b}",pool="standard"}}'
+    assert f"{gauge} {kept['kept']}" in metrics
 
 
 async def test_a_conversation_cached_on_the_old_rung_stays_there_when_moving_costs_more(

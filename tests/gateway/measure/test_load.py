@@ -197,7 +197,7 @@ def test_an_endpoint_that_evicts_what_it_was_sent_is_believed_to_keep_less():
     clock = Clock()
     load = meter(InFlight(clock))
     load.sample(0.0)
-    assert load.kept(URL) == 1.0  # nothing said yet
+    assert load.kept(URL) == 1.0 and load.kept_shares() == {}  # nothing said yet
     for i in range(20):  # every answer finds a quarter of what the map believed held
         key = f"t{i}"
         load.prefill(URL, 40_000, 1.0 + i, key, computed=4_000)
@@ -211,6 +211,7 @@ def test_an_endpoint_that_evicts_what_it_was_sent_is_believed_to_keep_less():
         )
         loaded_outcome(load, answer)
     assert load.kept(URL) == pytest.approx(0.25, abs=0.75 * (1 - KEPT_WEIGHT) ** 20 + 1e-9)
+    assert load.kept_shares() == {URL.rstrip("/"): (load.kept(URL), 20)}
     load.prefill(URL, 40_000, 30.0, "next", computed=4_000)
     # the 4,000 it was expected to compute, and the ~three quarters of the rest it lost
     assert load.prefilled(URL, 29.9, 30.1) == 40_000 - round(load.kept(URL) * 36_000)
