@@ -41,10 +41,12 @@ def pools_detail(services: Services) -> dict[str, dict[str, Any]]:
     gauges as they are, ``Engine.gauged``), for endpoints read drained-on-read the
     iterations they dropped unread, and the prefix cache's hit ratio of the pool and of each
     endpoint (None until an answer said how much of its prompt was cached;
-    ``gateway/measure/cachehits.py``)."""
+    ``gateway/measure/cachehits.py``) and each endpoint's kept share of what the prefix map
+    believed it held (None until an answer said; ``LoadMeter.kept``)."""
     policy = services.policy.current
     health = pool_health(services)
     hits = services.feedback.cache.summary()
+    kept = services.load.kept_shares()
     out = {}
     for name, pool in policy.pools.items():
         latest = services.scraper.latest.get(name)
@@ -67,6 +69,7 @@ def pools_detail(services: Services) -> dict[str, dict[str, Any]]:
         for endpoint in health[name]["endpoints"]:
             seen = cached.get("endpoints", {}).get(endpoint["url"], {})
             endpoint["prefix_cache_hit_ratio"] = seen.get("hit_ratio")
+            endpoint["prefix_cache_kept"] = kept.get(endpoint["url"].rstrip("/"), (None,))[0]
         urls = [e["url"] for e in health[name]["endpoints"]]
         lost = {u: n for u, n in services.scraper.lost.items() if u in urls}
         out[name] = {

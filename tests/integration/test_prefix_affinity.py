@@ -285,6 +285,7 @@ async def test_the_cache_hit_ratio_shows_per_pool_and_endpoint(tmp_path: Path):
     # the map believed the second and third prompts held whole; the engine held 300 of 400
     kept = cache["endpoints"][b]
     assert kept["kept_answers"] == 2 and 0.5 < kept["kept"] < 1.0
+    assert pools["standard"]["endpoints"][0]["prefix_cache_kept"] == kept["kept"]
     gauge = f'speclane_endpoint_cache_kept_ratio{{endpoint="{b}",pool="standard"}}'
     assert f"{gauge} {kept['kept']}" in metrics
 
