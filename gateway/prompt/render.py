@@ -83,8 +83,7 @@ def _blocks(role: str, content: object) -> Iterator[Segment]:
         return
     texts: list[str] = []
     for block in content if isinstance(content, list) else ():
-        kind = block.get("type") if isinstance(block, dict) else None
-        if not isinstance(block, dict) or kind in _SKIPPED:
+        if not isinstance(block, dict) or (kind := _kind(block)) in _SKIPPED:
             continue
         if kind == "tool_use":
             yield _said(role, texts)
@@ -109,7 +108,7 @@ def _item(item: dict[str, Any] | str) -> Iterator[Segment]:
     if isinstance(item, str):
         yield ("user", item)
         return
-    kind = item.get("type", "message")
+    kind = _kind(item, "message")
     if kind == "message":
         yield from _blocks(str(item.get("role", "user")), item.get("content"))
     elif kind == "function_call":
@@ -140,8 +139,15 @@ def _text_of(content: object) -> str:
     return "" if content is None else orjson.dumps(content).decode()
 
 
+def _kind(block: dict[str, Any], default: str = "") -> str:
+    """A block's or an item's ``type``; anything but a string is no type the prompt reads
+    (the engine answers such a request with its own error)."""
+    kind = block.get("type", default)
+    return kind if isinstance(kind, str) else ""
+
+
 def _block_text(block: dict[str, Any]) -> str:
-    kind = block.get("type")
+    kind = _kind(block)
     text = block.get("text")
     if kind in _TEXTS and isinstance(text, str):
         return text

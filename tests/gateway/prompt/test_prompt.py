@@ -257,3 +257,25 @@ def test_one_template_has_one_fingerprint_through_all_four_apis():
     assert hashes({"model": "m", "prompt": other}, "completions").template == prints["chat"]
     summary = {"model": "m", "prompt": "Summarise the report below:\n" + task}
     assert hashes(summary, "completions").template != prints["chat"]
+
+
+@pytest.mark.parametrize("kind", [["text"], {"a": 1}, 3, None])
+def test_a_block_or_item_of_no_string_type_renders_without_a_type(kind):
+    """The engine answers such a request with its own error; reading its prompt on the way
+    there must not fail first."""
+    bodies = {
+        "chat": {"model": "m", "messages": [{"role": "user", "content": [{"type": kind}]}]},
+        "messages": {
+            "model": "m",
+            "max_tokens": 8,
+            "system": [{"type": kind, "text": "s"}],
+            "messages": [{"role": "user", "content": [{"type": kind, "text": "x"}]}],
+        },
+        "responses": {
+            "model": "m",
+            "input": [{"type": kind}, {"role": "user", "content": [{"type": kind}]}],
+        },
+    }
+    for api, body in bodies.items():
+        request, _ = parse(orjson.dumps(body), named(api).model)
+        assert all(isinstance(text, str) for _, text in segments(request)), api
