@@ -574,6 +574,53 @@ _ODD_CONTENT = [
 ]  # fmt: skip
 
 
+# a conversation in each API's own blocks and items, for the fuzz to spoil one value deep in
+_RICH: dict[str, dict[str, Any]] = {
+    CHAT: {"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]},
+    ]},
+    MESSAGES: {"system": [{"type": "text", "text": "Be brief.", "cache_control": {}}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "t", "signature": "s"},
+            {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+        ]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "k"}]},
+    ]},
+    RESPONSES: {"instructions": "Be brief.", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {"type": "reasoning", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]},
+}  # fmt: skip
+
+
+def _spoil_deep(rng: random.Random, body: dict[str, Any], values: list[Any]) -> None:
+    """Replace one value of ``body``, any value at any depth with even odds: a block's
+    ``type``, a tool call's arguments, an item's role."""
+    places: list[tuple[Any, Any]] = []
+    stack: list[Any] = [body]
+    while stack:
+        node = stack.pop()
+        pairs = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in pairs:
+            places.append((node, key))
+            if isinstance(child, dict | list):
+                stack.append(child)
+    if places:
+        node, key = rng.choice(places)
+        node[key] = copy.deepcopy(rng.choice(values))
+
+
 def fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]:
     values: list[Any] = [
         None, True, -1, 0, 1e308, "x" * rng.randint(0, 5000), [], {}, "\u0000", "\ud7ff",
@@ -589,6 +636,9 @@ def fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]
     body: dict[str, Any] = _chat(rng, rng.random() < 0.3, route)
     for _ in range(rng.randint(1, 4)):
         body[rng.choice(_FUZZED_KEYS[route])] = copy.deepcopy(rng.choice(values))
+    if route in _RICH and rng.random() < 0.3:
+        body |= copy.deepcopy(_RICH[route])
+        _spoil_deep(rng, body, values)
     turns = body.get("messages", body.get("input"))
     if rng.random() < 0.3 and isinstance(turns, list):
         turns[:] = [
