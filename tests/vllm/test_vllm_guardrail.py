@@ -167,19 +167,18 @@ def apart(
     """The speculative server that tells ``sampled`` (at its ``SAMPLED_AT`` temperature)
     from greedy ``greedy`` apart best, that temperature, and the dearest four of the first
     and the cheapest four of the second in a row: what a judgement over ``min_samples: 4``
-    sees. A server that drafted nothing on some prompt is left out: those requests would
-    give no acceptance to judge."""
+    sees. Prompts a server drafted nothing on give no acceptance to judge, and are left out
+    of its fours; a server with fewer than eight of either kind left is not chosen."""
     found: list[tuple[float, str, float, float, float]] = []
     for spec, temperature in SAMPLED_AT.items():
         rates = (
-            acceptance(stack, spec, sampled, temperature),
-            acceptance(stack, spec, greedy, 0.0),
+            [r for r in acceptance(stack, spec, sampled, temperature) if r is not None],
+            [r for r in acceptance(stack, spec, greedy, 0.0) if r is not None],
         )
-        if all(r is not None for kind in rates for r in kind):
-            low = max(fours([r or 0.0 for r in rates[0]]))
-            high = min(fours([r or 0.0 for r in rates[1]]))
+        if min(len(rates[0]), len(rates[1])) >= 8:
+            low, high = max(fours(rates[0])), min(fours(rates[1]))
             found.append((high - 1.25 * low, spec, temperature, low, high))
-    assert found, "neither speculative server drafted on every prompt"
+    assert found, "neither speculative server drafted on eight prompts of each kind"
     _, spec, temperature, low, high = max(found)
     return spec, temperature, low, high
 
