@@ -10,8 +10,10 @@ from whichever signal the pool gives; ``step_time`` is the pool's own, learned o
 (``policies/steptime.py``). Two rungs are compared at the same B, so B cancels and the
 log cost ratio is ``log t_up - log t_down + log p_up - log p_down - log L_up + log L_down``.
 
-Confidence: the variance of that log ratio adds the step-time fits' variances and the
-variance of each measured ``log L``: the dispersion of per-request tokens per step in the
+Confidence: the variance of that log ratio adds the step-time fits' variances, less twice
+the part of them the two pools share (``Rung.shared``: one target model, each pool's curve
+carried over to the other, ``policies/stepjoint.py``), and the variance of each measured
+``log L``: the dispersion of per-request tokens per step in the
 span (pooled with a prior of 30% over 3 pseudo-requests, so three requests that happen to
 agree do not look certain) over the number of requests. A slice's own dispersion was
 measured on its requests; a span of shorter ones (short probes of a few tokens) varies more
@@ -84,6 +86,7 @@ class Rung:
     transferred: bool = False
     dispersion: float | None = None
     dispersion_tokens: float | None = None  # the mean request it was measured on
+    shared: tuple[tuple[str, float], ...] = ()  # (pool, covariance of the two log steps)
 
     @property
     def prior_dispersion(self) -> float:
@@ -101,6 +104,10 @@ class Rung:
     @property
     def extra_var(self) -> float:
         return TRANSFER_LOG_VAR if self.transferred else 0.0
+
+    def shared_with(self, pool: str) -> float:
+        """The doubt this rung's log step time shares with ``pool``'s (``shared``)."""
+        return next((cov for other, cov in self.shared if other == pool), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +236,7 @@ def judge(
         var = subject.step.log_var + spread / tally.n + subject.extra_var + fixed.log_var
         if subject.k is None:
             per_step, var = 1.0, subject.step.log_var + fixed.log_var
+        var -= 2.0 * subject.shared_with(other.pool)
         diff = sign * (base - math.log(per_step) - fixed.log_cost)
         z = diff / math.sqrt(max(var, 1e-12))
         verdict = -1 if z > z_needed else 1 if z < -z_needed else 0

@@ -16,6 +16,7 @@ whichever slice sent it (``steptimes.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -69,10 +70,17 @@ class Judge:
         serving = place.serving(entry.state.offset)
         load = self.load(ladder, now)
         targets = span_targets(config.min_samples)
-        rungs = [
-            self._rung(entry, ladder, i, load, targets, config, now, carry=i == serving)
-            for i in range(len(ladder.pools))
-        ]
+        rungs = self._shared(
+            [
+                self._rung(entry, ladder, i, load, targets, config, now, carry=i == serving)
+                for i in range(len(ladder.pools))
+            ],
+            ladder,
+            load,
+            config,
+            entry.context,
+            now,
+        )
         n, confidence = config.min_samples, config.confidence
         below = above = probes = near = None
         drop = 1
@@ -91,7 +99,10 @@ class Judge:
                 fresh = self._rung(entry, ladder, serving - 1, load, _PROBE_SPANS, config, now)
                 own = rungs[serving - 1]
                 fresh = replace(
-                    fresh, dispersion=own.dispersion, dispersion_tokens=own.dispersion_tokens
+                    fresh,
+                    dispersion=own.dispersion,
+                    dispersion_tokens=own.dispersion_tokens,
+                    shared=own.shared,
                 )
                 probes = judge(
                     fresh, rungs[serving], min_samples=1, confidence=confidence, max_n=entry.probes
@@ -141,6 +152,31 @@ class Judge:
         if up is None or down is None:
             return None
         return Latency(up[0], down[0], min(up[1], down[1]))
+
+    def _shared(
+        self,
+        rungs: list[Rung],
+        ladder: Ladder,
+        load: float | None,
+        config: Guardrail,
+        context: float | None,
+        now: float,
+    ) -> list[Rung]:
+        """``rungs`` with the doubt each rung's step time shares with every other's
+        (``Rung.shared``)."""
+        shared: list[list[tuple[str, float]]] = [[] for _ in rungs]
+        for i, rung in enumerate(rungs):
+            for j in range(i + 1, len(rungs)):
+                other = rungs[j]
+                if rung.step is None or other.step is None:
+                    continue
+                rho = self.steps.correlation(
+                    ladder, i, j, load, config.draft_cost_ratio, now, context
+                )
+                cov = rho * math.sqrt(rung.step.log_var * other.step.log_var)
+                shared[i].append((other.pool, cov))
+                shared[j].append((rung.pool, cov))
+        return [replace(rung, shared=tuple(s)) for rung, s in zip(rungs, shared, strict=True)]
 
     def _rung(
         self,

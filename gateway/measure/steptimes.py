@@ -7,7 +7,9 @@ endpoint meanwhile, the tokens they verified, the prompts the endpoint's cache h
 prompt tokens prefilled beside them (``gateway/measure/load.py``); so does an engine's own
 mean step between two readings of its counters (``learn_engine``). A slice asks for the
 decode step at the ladder's load and its own context (``at``). The ladder's curves are
-computed together (one knee), at most every ``LINE_FRESH_S``. Each outcome also feeds the
+computed together (one knee), at most every ``LINE_FRESH_S``, with their joint posterior
+(``policies/stepjoint.py``), which says how far two pools' doubts at a slice's step are one
+(``correlation``). Each outcome also feeds the
 batch-only line of ``policies/steptime.py``, which ``/admin`` shows. O(1) per outcome;
 never awaits. A ladder's curves are the same for every slice that asks at about the same
 time (again as soon as a pool is seen for the first time): a curve moves by a fraction of
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from gateway.measure.acceptance import Outcome, Status
 from policies.compiled import Ladder
 from policies.stepcurve import Curve, CurveFit, ladder, prefill_weight
+from policies.stepjoint import Joint, joint
 from policies.steptime import MIN_OBSERVATIONS, Line, StepFit, StepTime, combine, transfer
 
 EXPLORE_PER_MINUTE = 4.0
@@ -45,6 +48,9 @@ def context_of(outcome: Outcome) -> float:
     """The cached tokens a request holds on average while it decodes: its prompt and half
     its answer."""
     return outcome.prompt_tokens + outcome.completion_tokens / 2.0
+
+
+_Curves = tuple[float, list[Curve | None], Joint | None]  # when, the curves, their joint
 
 
 @dataclass(slots=True)
@@ -65,7 +71,7 @@ class StepTimes:
         self._lines: dict[tuple[tuple[str, ...], int, float], tuple[float, Line | None]] = {}
         self.curves: dict[str, CurveFit] = {}
         self.contexts: dict[str, float] = {}
-        self._curves: dict[tuple[tuple[str, ...], float], tuple[float, list[Curve | None]]] = {}
+        self._curves: dict[tuple[tuple[str, ...], float], _Curves] = {}
 
     def learn(self, outcome: Outcome, now: float) -> None:
         steps, load = outcome.steps, outcome.load
@@ -132,7 +138,7 @@ class StepTimes:
             return kept[1]
         fits = [self.curves.get(p) for p in ladder_.pools]
         curves = ladder(fits, ladder_.k, draft_cost, now)
-        self._curves[key] = (now, curves)
+        self._curves[key] = (now, curves, joint(fits, curves, ladder_.k, draft_cost, now))
         return curves
 
     def line(self, ladder: Ladder, i: int, draft_cost: float, now: float) -> Line | None:
@@ -172,15 +178,45 @@ class StepTimes:
         """Pool ``i``'s decode step at ``load`` sequences (None: at the batch it was observed
         at) of ``context`` cached tokens each (None: the ladder's mean context): the step a
         slice of that context pays on it, at the batch it would join."""
-        fit = self.fits.get(ladder.pools[i])
-        batch = load if load is not None else (fit and fit.mean_batch(now)) or 1.0
         curve = self.ladder_curves(ladder, draft_cost, now)[i]
         if curve is None:
             return None
+        return curve.at(*self._point(ladder, i, load, now, context))
+
+    def correlation(
+        self,
+        ladder: Ladder,
+        i: int,
+        j: int,
+        load: float | None,
+        draft_cost: float,
+        now: float,
+        context: float | None = None,
+    ) -> float:
+        """The correlation of pools ``i``'s and ``j``'s steps where ``at`` asks for them
+        (``policies/stepjoint.py``): how far one curve's doubt there is the other's."""
+        self.ladder_curves(ladder, draft_cost, now)
+        kept = self._curves.get((ladder.pools, draft_cost))
+        found = kept[2] if kept is not None else None
+        if found is None:
+            return 0.0
+        steps = []
+        for pool in (i, j):
+            batch, at = self._point(ladder, pool, load, now, context)
+            b = max(batch, 1.0)
+            steps.append((b * ((ladder.k[pool] or 0) + 1), 0.0, b * max(at, 0.0), b))
+        return found.rho(i, steps[0], j, steps[1])
+
+    def _point(
+        self, ladder: Ladder, i: int, load: float | None, now: float, context: float | None
+    ) -> tuple[float, float]:
+        """The batch and context ``at`` asks pool ``i``'s curve for."""
+        fit = self.fits.get(ladder.pools[i])
+        batch = load if load is not None else (fit and fit.mean_batch(now)) or 1.0
         if context is None:
             known = [c for p in ladder.pools if (c := self.contexts.get(p)) is not None]
             context = sum(known) / len(known) if known else 0.0
-        return curve.at(batch, context)
+        return batch, context
 
     def mean_batch(self, ladder: Ladder, now: float) -> float | None:
         """The batch the ladder's pools were observed at, when no load meter says."""
