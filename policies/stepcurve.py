@@ -139,8 +139,17 @@ class Curve:
 
     def at(self, batch: float, context: float = 0.0, prefill: float = 0.0) -> StepTime:
         """A step of ``batch`` sequences of ``context`` cached tokens each on this pool."""
-        b = max(batch, 1.0)
-        return self.seconds(b * ((self.k or 0) + 1), prefill, b * max(context, 0.0), b)
+        return self.seconds(*decode_step(batch, context, self.k, prefill))
+
+
+def decode_step(
+    batch: float, context: float, k: int | None, prefill: float = 0.0
+) -> tuple[float, float, float, float]:
+    """What a step of ``batch`` sequences of ``context`` cached tokens each computes on a
+    pool of ``k`` draft tokens: (tokens verified, prompt tokens beside, cached tokens read,
+    sequences), as ``Curve.seconds`` takes them."""
+    b = max(batch, 1.0)
+    return b * ((k or 0) + 1), prefill, b * max(context, 0.0), b
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from gateway.measure.acceptance import Outcome, Status
 from policies.compiled import Ladder
-from policies.stepcurve import Curve, CurveFit, ladder, prefill_weight
+from policies.stepcurve import Curve, CurveFit, decode_step, ladder, prefill_weight
 from policies.stepjoint import Joint, joint
 from policies.steptime import MIN_OBSERVATIONS, Line, StepFit, StepTime, combine, transfer
 
@@ -50,7 +50,24 @@ def context_of(outcome: Outcome) -> float:
     return outcome.prompt_tokens + outcome.completion_tokens / 2.0
 
 
-_Curves = tuple[float, list[Curve | None], Joint | None]  # when, the curves, their joint
+@dataclass(slots=True)
+class _Kept:
+    """A ladder's curves as computed ``at``, from ``fits``; their joint posterior computed
+    only once a judgement asks for it."""
+
+    at: float
+    fits: list[CurveFit | None]
+    curves: list[Curve | None]
+    ks: tuple[int | None, ...]
+    draft_cost: float
+    _joint: Joint | None = None
+    _joined: bool = False
+
+    def joint(self) -> Joint | None:
+        if not self._joined:
+            self._joint = joint(self.fits, self.curves, self.ks, self.draft_cost, self.at)
+            self._joined = True
+        return self._joint
 
 
 @dataclass(slots=True)
@@ -71,7 +88,7 @@ class StepTimes:
         self._lines: dict[tuple[tuple[str, ...], int, float], tuple[float, Line | None]] = {}
         self.curves: dict[str, CurveFit] = {}
         self.contexts: dict[str, float] = {}
-        self._curves: dict[tuple[tuple[str, ...], float], _Curves] = {}
+        self._curves: dict[tuple[tuple[str, ...], float], _Kept] = {}
 
     def learn(self, outcome: Outcome, now: float) -> None:
         steps, load = outcome.steps, outcome.load
@@ -132,14 +149,17 @@ class StepTimes:
     def ladder_curves(self, ladder_: Ladder, draft_cost: float, now: float) -> list[Curve | None]:
         """Every pool's curve of ``ladder_`` (``policies/stepcurve.py``: one knee for the
         ladder, each pool under the others' prior), at most every ``LINE_FRESH_S``."""
+        return self._kept(ladder_, draft_cost, now).curves
+
+    def _kept(self, ladder_: Ladder, draft_cost: float, now: float) -> _Kept:
         key = (ladder_.pools, draft_cost)
         kept = self._curves.get(key)
-        if kept is not None and 0.0 <= now - kept[0] < LINE_FRESH_S:
-            return kept[1]
+        if kept is not None and 0.0 <= now - kept.at < LINE_FRESH_S:
+            return kept
         fits = [self.curves.get(p) for p in ladder_.pools]
         curves = ladder(fits, ladder_.k, draft_cost, now)
-        self._curves[key] = (now, curves, joint(fits, curves, ladder_.k, draft_cost, now))
-        return curves
+        kept = self._curves[key] = _Kept(now, fits, curves, ladder_.k, draft_cost)
+        return kept
 
     def line(self, ladder: Ladder, i: int, draft_cost: float, now: float) -> Line | None:
         """Pool ``i``'s line: its own observations under the prior the others give."""
@@ -195,17 +215,12 @@ class StepTimes:
     ) -> float:
         """The correlation of pools ``i``'s and ``j``'s steps where ``at`` asks for them
         (``policies/stepjoint.py``): how far one curve's doubt there is the other's."""
-        self.ladder_curves(ladder, draft_cost, now)
-        kept = self._curves.get((ladder.pools, draft_cost))
-        found = kept[2] if kept is not None else None
+        found = self._kept(ladder, draft_cost, now).joint()
         if found is None:
             return 0.0
-        steps = []
-        for pool in (i, j):
-            batch, at = self._point(ladder, pool, load, now, context)
-            b = max(batch, 1.0)
-            steps.append((b * ((ladder.k[pool] or 0) + 1), 0.0, b * max(at, 0.0), b))
-        return found.rho(i, steps[0], j, steps[1])
+        step_i = decode_step(*self._point(ladder, i, load, now, context), ladder.k[i])
+        step_j = decode_step(*self._point(ladder, j, load, now, context), ladder.k[j])
+        return found.rho(i, step_i, j, step_j)
 
     def _point(
         self, ladder: Ladder, i: int, load: float | None, now: float, context: float | None
