@@ -82,6 +82,7 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # request headers that go upstream with the request: Anthropic's API version and betas
 _FORWARDED = ("anthropic-version", "anthropic-beta")
+_STORED_ID = "request_id"  # vLLM's and SGLang's: the id a stored Responses answer is kept under
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +154,8 @@ async def _ask(
     body = await _read_body(request, services.settings.max_body_bytes)  # 1 request in
     with trace.step("parse"):
         parsed, payload = schema.parse(body, api.model)  # 2 parse + validate
+    if api.stores:  # the engine names the stored answer: an id a client picks may be another's
+        payload.pop(_STORED_ID, None)
     path: str = request.scope["path"]
     policy = services.policy.current
     with trace.step("classify"):  # 3

@@ -55,7 +55,9 @@ class MessagesApi:
 class ResponsesApi:
     """``POST /v1/responses``; the answers made are kept: their conversations in
     ``histories`` (what ``previous_response_id`` continues), their bodies in ``bodies``
-    (what ``GET /v1/responses/{id}`` reads)."""
+    (what ``GET /v1/responses/{id}`` reads). An answer's id is the body's ``request_id``
+    when it names one, as vLLM's (whatever was kept under that id before is replaced),
+    else one made from the request's."""
 
     def __init__(self, histories: api_responses.Histories, bodies: Stored, created: int) -> None:
         self._stored = histories
@@ -74,10 +76,11 @@ class ResponsesApi:
         return error.body
 
     def stream(self, answer: Answer) -> Converter:
-        return _Kept(self, api_responses.ResponsesStream(_id(answer), self._request, self._created))
+        stream = api_responses.ResponsesStream(self._id(answer), self._request, self._created)
+        return _Kept(self, stream)
 
     def whole(self, answer: Answer, chat_body: bytes) -> bytes:
-        response_id = _id(answer)
+        response_id = self._id(answer)
         body = api_responses.whole(chat_body, response_id, self._request, self._created)
         message = orjson.loads(chat_body)["choices"][0].get("message") or {}
         self.keep(response_id, {k: v for k, v in message.items() if v is not None}, body)
@@ -87,6 +90,12 @@ class ResponsesApi:
         if self._request.get("store", True) is not False:
             self._stored.keep(response_id, [*self._messages, message])
             self._bodies.store(response_id, body)
+
+    def _id(self, answer: Answer) -> str:
+        named = self._request.get("request_id")
+        if isinstance(named, str) and named:
+            return named
+        return "resp_" + answer.request_id.removeprefix("chatcmpl-")
 
 
 class _Kept:
@@ -104,10 +113,6 @@ class _Kept:
             self._kept = True
             self._api.keep(self._stream.response_id, self._stream.message, final)
         return out
-
-
-def _id(answer: Answer) -> str:
-    return "resp_" + answer.request_id.removeprefix("chatcmpl-")
 
 
 def chat_of(path: str, body: dict[str, Any]) -> dict[str, Any]:

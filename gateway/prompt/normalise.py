@@ -22,8 +22,13 @@ import re
 
 BILLING = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*(?:\n|$)", re.MULTILINE)
 # one pass that starts only at hex characters: ~10x faster than an alternation of
-# uuid/date/time/hex patterns, which tries each at every position
-_VOLATILE = re.compile(r"[0-9A-Fa-f]*\d(?:[0-9A-Fa-f:./-]*[0-9A-Fa-f])?")
+# uuid/date/time/hex patterns, which tries each at every position; and never at a hex
+# character after another (a match never ends before one, and a run of them that fails
+# from its first fails from each), or a run of hex letters without a digit is tried from
+# each of its letters to its end, in time its length squared
+_VOLATILE = re.compile(
+    r"(?:(?<![0-9A-Fa-f])|(?![0-9A-Fa-f]))[0-9A-Fa-f]*\d(?:[0-9A-Fa-f:./-]*[0-9A-Fa-f])?"
+)
 _SHORTEST = 4
 
 

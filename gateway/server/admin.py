@@ -32,7 +32,7 @@ from policies.flags import FlagValue
 
 Handler = Callable[[Request], Awaitable[Response]]
 _MAX_LIMIT = 1000
-_FLAG_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_FLAG_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 class _Tenants(BaseModel):
@@ -289,7 +289,7 @@ def _limit(request: Request, default: int) -> int:
 
 def _flag_name(request: Request) -> str:
     name: str = request.path_params["name"]
-    if not _FLAG_NAME.match(name):
+    if not _FLAG_NAME.fullmatch(name):  # $ would take a name ending in a line break
         raise ApiError(
             status=400, message="a flag name is 1-64 letters, digits, or _ . : -", param="name"
         )

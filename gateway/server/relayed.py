@@ -77,7 +77,10 @@ STORED = "/v1/responses/{id}"
 _NOT_JSON = {"/v1/audio/transcriptions", "/v1/audio/translations"}  # text, SRT, VTT
 _FORWARDED = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
-_MODEL_FIELD = re.compile(rb'content-disposition:[^\r\n]*\bname="model"', re.IGNORECASE)
+# a header starts a line: searched from anywhere, a line repeating it costs its length squared
+_MODEL_FIELD = re.compile(
+    rb'^content-disposition:[^\r\n]*\bname="model"', re.IGNORECASE | re.MULTILINE
+)
 
 
 @dataclass(frozen=True, slots=True)

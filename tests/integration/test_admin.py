@@ -167,7 +167,12 @@ async def test_bad_flag_updates_are_400(tmp_path):
         bad_rollout = await c.put(url + "/admin/flags/x", json={"rollout": 150}, headers=AUTH)
         unknown = await c.put(url + "/admin/flags/x", json={"colour": "red"}, headers=AUTH)
         bad_name = await c.put(url + "/admin/flags/a%20b", json={}, headers=AUTH)
+        created = {"create": True, "reason": "a name with a line break"}
+        broken = await c.put(url + "/admin/flags/x%0A", json=created, headers=AUTH)
+        listed = await c.get(url + "/admin/flags", headers=AUTH)
     assert bad_rollout.status_code == unknown.status_code == bad_name.status_code == 400
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "name"
+    assert {f["name"] for f in listed.json()["flags"]} == {"speculation", "spec-json"}
     assert bad_rollout.json()["error"]["param"] == "rollout"
 
 

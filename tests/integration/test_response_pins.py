@@ -288,6 +288,28 @@ async def test_a_stored_response_is_its_tenants_alone_on_every_replica(tmp_path)
     assert read.id == stored.id and turn.status in ("completed", "incomplete")
 
 
+async def test_a_client_cannot_name_the_id_its_response_is_stored_under(tmp_path):
+    # vLLM stores a Responses answer under the body's request_id: beta naming acme's id would
+    # replace acme's stored response on the engine and be pinned as beta's, for beta to read
+    async with (
+        pool() as sims,
+        gateway(settings(tmp_path, keyed(sims))) as (url, _),
+        client(url, "sk-acme") as acme,
+        client(url, "sk-beta") as beta,
+    ):
+        stored = await acme.responses.create(model="tiny", input="Hi.", max_output_tokens=8)
+        before = await acme.responses.retrieve(stored.id)
+        named = {"request_id": stored.id}
+        taken = await beta.responses.create(
+            model="tiny", input="Mine.", max_output_tokens=8, extra_body=named
+        )
+        after = await acme.responses.retrieve(stored.id)
+        theirs = await calls_by(url, stored.id, {"authorization": "Bearer sk-beta"})
+    assert taken.id != stored.id
+    assert after.model_dump() == before.model_dump()
+    assert [r.status_code for r in theirs] == [404] * 4
+
+
 async def test_required_keys_guard_every_call_to_a_stored_response(tmp_path):
     async with pool() as sims:
         text = keyed(sims)

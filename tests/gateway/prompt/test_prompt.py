@@ -5,6 +5,8 @@ meaning."""
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import pytest
 
@@ -202,10 +204,20 @@ def test_the_chain_is_capped():
         ("cc_version=2.1.37.3a3;", "cc_version=#;"),
         ("version 2 of 3, page 12", "version 2 of 3, page 12"),
         ("a deadline", "a deadline"),
+        ("10:05.9\u07c07db6", "##"),  # a digit that is no hex digit may start a match
     ],
 )
 def test_volatile_parts_become_placeholders(text, normalised):
     assert volatile(text) == normalised
+
+
+def test_a_run_of_hex_letters_without_a_digit_takes_time_linear_in_its_length():
+    # tried from each of its letters to its end, 40,000 of them took seconds; a client's
+    # system prompt of 2,048 cost each request 30 ms of the event loop
+    text = "deadbeef" * 5_000
+    started = time.perf_counter()
+    assert volatile(text) == text
+    assert time.perf_counter() - started < 1
 
 
 def test_the_template_ignores_dates_and_ids_but_not_the_instructions():
