@@ -18,6 +18,7 @@ byte the relays end it with ``ApiError.sse`` instead.
      ├── 401 invalid_api_key                 no valid API key where keys are required
      ├── 404 model_not_found                 no ladder serves the model
      ├── 413 request_too_large               body over ``max_body_bytes``
+     ├── 415 unsupported_media_type          a body sent as anything but JSON
      ├── 429 too_many_requests               no place in flight, the gateway's or the
      │                                       tenant's (Retry-After)
      ├── 499 client_closed                   the client hung up first (logged, never sent)

@@ -151,6 +151,7 @@ async def _ask(
 ) -> Ask | Response:
     """Steps 1-4: what is asked, and of whom; or the answer when that is already known (a
     stored response the gateway cannot place)."""
+    schema.json_only(request.headers.get("content-type", ""))
     body = await _read_body(request, services.settings.max_body_bytes)  # 1 request in
     with trace.step("parse"):
         parsed, payload = schema.parse(body, api.model)  # 2 parse + validate

@@ -8,7 +8,8 @@ Bad input raises ``ApiError`` 400 naming the field. A ``stream`` that validation
 boolean from another type (``"yes"``, ``1``) is forwarded as that boolean, so that the
 upstream streams exactly when routing expects it to. JSON nested deeper than ``MAX_DEPTH``
 levels is refused here, once, with a 400: the gateway writes the payload out again to send it
-upstream, and every JSON writer has a depth limit of its own (orjson's is 255).
+upstream, and every JSON writer has a depth limit of its own (orjson's is 255). A body sent as
+anything but JSON (``json_only``) is refused with a 415, as vLLM refuses it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import bad_request
+from gateway.errors import ApiError, bad_request
 
 MAX_DEPTH = 128
 
@@ -178,6 +179,20 @@ class ResponsesRequest(_Open):
 
 
 AnyRequest = ChatRequest | CompletionRequest | MessagesRequest | ResponsesRequest
+
+
+def json_only(content_type: str) -> None:
+    """Refuse (415) a body whose ``content-type`` says it is not JSON, as vLLM does: a
+    web page can make a visitor's browser post text or a form to a gateway on their
+    network, never JSON, without asking first. A body with no content type is read as
+    JSON."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise ApiError(
+            status=415,
+            message=f"the body must be sent as application/json, not {media[:80]!r}",
+            code="unsupported_media_type",
+        )
 
 
 def parse(body: bytes, model: type[AnyRequest]) -> tuple[AnyRequest, dict[str, Any]]:

@@ -23,12 +23,14 @@ it buffers a header of any size, and an idle or trickling connection is kept for
   loop, reading from the client paused meanwhile, so that a body of millions of one-byte
   chunks costs its sender time, never the other connections (tiny chunks are framed at C
   speed, ``framing.py``, and their pieces handed to the request once a read);
-- a parser error is a 400 in OpenAI's shape, as every other error;
+- a parser error is a 400, in the shape of the API its path is under, as every other error;
 - a refusal of a pipelined request is written after the answers to the requests before it
   on the connection, never in their place.
 
 Idle keep-alive connections are closed by uvicorn (``timeout_keep_alive``). Every refusal is
-OpenAI-shaped JSON with ``Connection: close``. This module knows nothing of routes or requests.
+JSON with ``Connection: close``, in the error shape of the API whose path the request line
+named as far as it came (``Registry.shape_of``: Anthropic's under ``/v1/messages``), else OpenAI's.
+This module knows nothing else of routes or requests.
 
 Explained for operators, with its numbers, in docs/operations.md ("Hostile connections").
 """
@@ -49,6 +51,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from gateway.apis import APIS, Registry
+from gateway.errors import ApiError
 from gateway.server.framing import Body, HeadEnd, body_of
 
 if TYPE_CHECKING:
@@ -98,13 +102,14 @@ def server_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    """The protocol class to give uvicorn as ``http=``."""
+def protocol(limits: ConnectionLimits, apis: Registry = APIS) -> type[asyncio.Protocol]:
+    """The protocol class to give uvicorn as ``http=``; ``apis`` say a path's error shape."""
 
     class Bounded(BoundedProtocol):
         pass
 
     Bounded.limits = limits
+    Bounded.apis = apis
     Bounded.peers = Counter()
     Bounded.lingering = set()
     return Bounded
@@ -114,6 +119,7 @@ class BoundedProtocol(HttpToolsProtocol):
     """``HttpToolsProtocol`` with the bounds of ``limits`` (set by ``protocol()``)."""
 
     limits: ClassVar[ConnectionLimits]
+    apis: ClassVar[Registry]
     peers: ClassVar[Counter[str]]
     lingering: ClassVar[set[BoundedProtocol]]  # turned away as they opened, closing
 
@@ -130,6 +136,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._owed: tuple[RequestResponseCycle, _Refusal] | None = None
         self._held = bytearray()  # bytes read and not yet given to the parser
         self._pieces: list[bytes] = []  # body the parser gave in this read
+        self._line = b""  # a refused head's request line, where the parser saw none of it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -203,6 +210,8 @@ class BoundedProtocol(HttpToolsProtocol):
         end = self._head_end.end(data)
         size = len(data) if end is None else end
         if size > self._head_left:
+            if self._head_left == self.limits.max_header_bytes:  # the parser saw none of it
+                self._line = data[: data.find(b"\r\n")]
             limit = self.limits.max_header_bytes
             message = f"the request's headers are larger than the gateway's limit of {limit} bytes"
             self._refuse(_Refusal(431, message, _INVALID, _TOO_LARGE))
@@ -326,7 +335,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _write(self, refusal: _Refusal) -> None:
-        """Write ``refusal`` in OpenAI's shape and close the connection."""
+        """Write ``refusal`` and close the connection."""
         self.transport.write(self._answer(refusal))
         if not self.transport.can_write_eof():
             self.transport.close()
@@ -344,10 +353,12 @@ class BoundedProtocol(HttpToolsProtocol):
         log.debug("connection from %s refused: %d %s", self.client, *refusal[:2])
 
     def _answer(self, refusal: _Refusal) -> bytes:
-        """``refusal`` as an HTTP answer in OpenAI's shape, with ``Connection: close``."""
+        """``refusal`` as an HTTP answer in its route's shape, with ``Connection: close``."""
         status, message, kind, code = refusal
-        error = {"message": message, "type": kind, "param": None, "code": code}
-        body = orjson.dumps({"error": error})
+        seen = getattr(self, "url", b"") or self._line.partition(b" ")[2].partition(b" ")[0]
+        path = seen.split(b"?", 1)[0].decode("latin-1")
+        error = ApiError(status=status, message=message, type=kind, code=code)
+        body = orjson.dumps(error.body(self.apis.shape_of(path)))
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]

@@ -4,6 +4,7 @@ and cancellation reaching the upstream: against fake upstreams on real sockets."
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import anthropic
@@ -49,6 +50,36 @@ async def test_bad_requests_get_openai_errors(tmp_path, body, status, param):
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param
     assert fake.received == []
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("text/plain;charset=UTF-8", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("multipart/form-data; boundary=x", 415),
+        ("application/json; charset=utf-8", 200),
+        ("application/vnd.api+json", 200),
+        (None, 200),
+    ],
+)
+async def test_a_body_sent_as_anything_but_json_is_415(tmp_path, content_type, status):
+    """What a web page can make a browser post without asking first never reaches an engine,
+    on OpenAI's routes and Anthropic's alike, each in its own shape."""
+    fake = FakeUpstream()
+    headers = {"content-type": content_type} if content_type else {}
+    raw = json.dumps(CHAT).encode()
+    messages = json.dumps({**CHAT, "max_tokens": 8}).encode()
+    async with fake_stack(tmp_path, fake.app(), fake.app()) as (url, _), httpx.AsyncClient() as c:
+        chat = await c.post(url + "/v1/chat/completions", content=raw, headers=headers)
+        anthropic_ = await c.post(url + "/v1/messages", content=messages, headers=headers)
+    assert chat.status_code == status
+    if status == 415:
+        assert chat.json()["error"]["code"] == "unsupported_media_type"
+        assert anthropic_.status_code == 415
+        assert anthropic_.json()["type"] == "error"
+        assert anthropic_.json()["error"]["type"] == "invalid_request_error"
+        assert fake.received == []
 
 
 async def test_openai_client_sees_typed_errors(tmp_path):

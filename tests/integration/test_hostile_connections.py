@@ -173,6 +173,27 @@ async def test_a_trickled_body_is_cut_with_a_408(tmp_path):
     assert fake.received == []
 
 
+async def test_refusals_on_anthropics_route_are_in_its_shape(tmp_path):
+    """A head too large in one write (the parser sees none of it) and a trickled body, on
+    ``/v1/messages``: Anthropic's error shape, as every other error there."""
+    head = b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: x\r\n"
+    answers = []
+    async with _gateway(tmp_path, max_header_bytes=4096, body_timeout_s=0.3) as (url, fake):
+        for sent in (
+            head + b"x-big: " + b"a" * 8192 + b"\r\n\r\n",
+            head + b"content-length: 9\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection(*_address(url))
+            writer.write(sent)
+            answers.append(_answer(await asyncio.wait_for(reader.read(), 10)))
+            writer.close()
+    assert [status for status, _, _ in answers] == [431, 408]
+    for _, _, body in answers:
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert set(body["error"]) == {"type", "message"}
+    assert fake.received == []
+
+
 async def test_connections_above_the_cap_get_a_503_with_retry_after(tmp_path):
     async with _gateway(tmp_path, max_connections=8, max_connections_per_peer=8) as (url, _):
         held = [await asyncio.open_connection(*_address(url)) for _ in range(8)]
