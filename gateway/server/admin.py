@@ -22,7 +22,7 @@ from starlette.routing import Route
 from gateway.errors import JSON, ApiError
 from gateway.identity import api_key
 from gateway.lifecycle import reload_policy
-from gateway.server.admin_policy import PolicyDrafts
+from gateway.server.admin_policy import PolicyDrafts, actor
 from gateway.server.health import pools_detail
 from gateway.services import Services
 from gateway.state.flagstore import AuditEntry
@@ -173,7 +173,7 @@ class Admin:
         if update.rollout is not None and 0 < update.rollout < 100:
             self._refuse_keyless_rollout(update.rollout)
         entry = await self.services.state.set_flag(
-            name, update.value(), _actor(request), self.services.wall(), update.reason
+            name, update.value(), actor(request), self.services.wall(), update.reason
         )
         return _json({"flag": self._flags()[name], "audit": audit_json(entry)})
 
@@ -197,7 +197,7 @@ class Admin:
         reason = request.query_params.get("reason", "")
         _needs_reason(reason)
         entry = await self.services.state.delete_flag(
-            name, _actor(request), self.services.wall(), reason
+            name, actor(request), self.services.wall(), reason
         )
         if entry is None:
             raise ApiError(
@@ -308,10 +308,6 @@ def _unknown_flag(name: str, known: Mapping[str, object]) -> ApiError:
         param="name",
         code="flag_not_found",
     )
-
-
-def _actor(request: Request) -> str:
-    return request.headers.get("x-speclane-actor", "admin")[:100]
 
 
 def audit_json(entry: AuditEntry) -> dict[str, Any]:

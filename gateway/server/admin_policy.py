@@ -158,7 +158,7 @@ class PolicyDrafts:
         except PolicyReadOnly as exc:
             raise _read_only(str(exc)) from None
         result = await reload_policy(self.services)
-        who = request.headers.get("x-speclane-actor", "admin")[:100]
+        who = actor(request)
         change = f"{disk['version']} -> {answer['version']}"
         if not result.changed:
             change += " (written; the reload refused it: " + "; ".join(result.errors)[:300] + ")"
@@ -319,3 +319,11 @@ async def _parsed(request: Request, model: type[Model]) -> Model:
 
 def _json(body: object, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status, media_type=JSON)
+
+
+def actor(request: Request) -> str:
+    """Who the audit log says made a change: the ``x-speclane-actor`` header, its first 100
+    printable characters (a line break or an escape code never reaches the log), else
+    ``admin``."""
+    given = request.headers.get("x-speclane-actor", "")
+    return "".join(c for c in given[:100] if c.isprintable()) or "admin"
