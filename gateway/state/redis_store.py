@@ -22,7 +22,8 @@ change, does in order:
 4. Push window increments (``HINCRBY`` per bucket field, one pipeline) and pull the merged
    windows, flags and states.
 
-Redis down: every failure marks the store degraded (``/readyz`` detail, a metric), the
+Redis down, or answering what Redis never would (``redisclient.FAILURES``): every failure
+marks the store degraded (``/readyz`` detail, a metric), the
 replica keeps serving on its last snapshot and local windows, applies its own transitions,
 and keeps trying; when Redis answers again, it pushes what it holds and pulls the rest.
 Keys expire: windows after twice their span, guardrail states after ``guard_ttl_s`` idle.
@@ -39,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
 
 from gateway.measure.engine_scrape import tallied
 from gateway.measure.replica import Replica
@@ -49,7 +49,7 @@ from gateway.measure.windows import Counts
 from gateway.state.flagstore import AuditEntry, FlagStore
 from gateway.state.memory import transition_json
 from gateway.state.redis_audit import SharedAudit, flag_from_json, flag_to_json
-from gateway.state.redisclient import connect
+from gateway.state.redisclient import FAILURES, connect
 from policies.compiled import CompiledPolicy
 from policies.flags import FlagValue
 from policies.guardrail import Phase, SliceState, Transition
@@ -218,7 +218,7 @@ class RedisState:
         self._audit.pending.append(entry)
         try:
             await self._push_flags()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._failed(exc)
 
     async def _write_flag(self, name: str, value: FlagValue | None, entry: AuditEntry) -> None:
@@ -226,7 +226,7 @@ class RedisState:
         self._audit.pending.append(entry)
         try:
             await self._push_flags()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._failed(exc)
 
     async def _push_flags(self) -> None:
@@ -261,7 +261,7 @@ class RedisState:
             return self._audit.local(limit)
         try:
             return await self._audit.read(self._redis, limit)
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._failed(exc)
             return self._audit.local(limit)
 
@@ -286,7 +286,7 @@ class RedisState:
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
                             self._wake.set()
-            except (RedisError, OSError):
+            except FAILURES:
                 await asyncio.sleep(self._interval_s)
 
     async def sync(self) -> None:
@@ -299,7 +299,7 @@ class RedisState:
             await self._commit_splits()
             await self._push_increments(increments)
             await self._pull()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._replica.restore(increments)
             self._failed(exc)
             return
@@ -475,10 +475,18 @@ class RedisState:
             return [transition_json(t) for t in list(self._replica.events)[-limit:]]
         try:
             raw = await self._redis.lrange(self._key("events"), 0, limit - 1)
-        except (RedisError, OSError) as exc:
+            return [_event_from(r) for r in reversed(raw)]
+        except FAILURES as exc:
             self._failed(exc)
             return [transition_json(t) for t in list(self._replica.events)[-limit:]]
-        return [orjson.loads(r) for r in reversed(raw)]
+
+
+def _event_from(raw: bytes | str) -> dict[str, Any]:
+    """A guardrail event as the events list keeps it; ``TypeError`` for anything else."""
+    event = orjson.loads(raw)
+    if not isinstance(event, dict):
+        raise TypeError(f"a guardrail event that is no JSON object: {raw[:80]!r}")
+    return event
 
 
 def _buckets(fields: dict[bytes, bytes]) -> dict[float, Counts]:
