@@ -75,6 +75,8 @@ _FIELDS = (
     "tok_step",
 )
 _FLOATS = {"tpot_sum", "rate_sum", "rate_sq"}
+# one drained read of an endpoint: what it took, and the first and last ``iter`` it held
+_Drained = tuple[dict[str, float], int | None, int | None]
 
 # Compare-and-set of one slice's guardrail state (or split): placed when the stored version is
 # the one the proposal started from, or when none is stored (a child split from its parent
@@ -165,6 +167,8 @@ class RedisState:
         self._flag_pushes = 0  # pushes of flag changes under way
         self._audit = SharedAudit(self._key("audit"))
         self._tasks: list[asyncio.Task[None]] = []
+        self._undrained: dict[str, _Drained] = {}  # drained reads Redis has not taken
+        self._drained_seen: dict[str, dict[str, float]] = {}  # the totals Redis last gave
         self.degraded = True
         self.last_error = "not connected yet"
         self.last_sync = 0.0
@@ -453,7 +457,26 @@ class RedisState:
     ) -> dict[str, float]:
         """Each replica adds what its read took to one hash; the first and last ``iter``
         ever drained are kept as the least and greatest seen (atomic in Redis), so the
-        totals count every iteration once whichever replica read it."""
+        totals count every iteration once whichever replica read it. While Redis fails, a
+        read waits here to be added with the key's next one, and the totals are the last
+        Redis gave with what waits added: what the server drained is not lost, and its
+        reader goes on."""
+        waiting = self._undrained.pop(key, None)
+        read: _Drained = (add, first, last)
+        if waiting is not None:
+            read = _joined(waiting, read)
+        try:
+            totals = await self._add_drained(key, *read)
+        except FAILURES as exc:
+            self._failed(exc)
+            self._undrained[key] = read
+            return tallied(self._drained_seen.get(key, {}), *read)
+        self._drained_seen[key] = totals
+        return totals
+
+    async def _add_drained(
+        self, key: str, add: dict[str, float], first: int | None, last: int | None
+    ) -> dict[str, float]:
         name = self._key("drained", key)
         async with self._redis.pipeline(transaction=True) as pipe:
             for field, value in add.items():
@@ -479,6 +502,16 @@ class RedisState:
         except FAILURES as exc:
             self._failed(exc)
             return [transition_json(t) for t in list(self._replica.events)[-limit:]]
+
+
+def _joined(a: _Drained, b: _Drained) -> _Drained:
+    """Two drained reads of one key as one."""
+    add = dict(a[0])
+    for name, value in b[0].items():
+        add[name] = add.get(name, 0.0) + value
+    firsts = [n for n in (a[1], b[1]) if n is not None]
+    lasts = [n for n in (a[2], b[2]) if n is not None]
+    return add, min(firsts, default=None), max(lasts, default=None)
 
 
 def _event_from(raw: bytes | str) -> dict[str, Any]:

@@ -184,3 +184,23 @@ async def test_background_work_outlives_a_redis_that_answered_garbage(tmp_path):
             pin_written = await until(pinned, 5)
             await direct.aclose()
     assert pin_written
+
+
+async def test_a_drained_read_waits_out_a_redis_failure(tmp_path):
+    """An endpoint whose counters vanish on read (TensorRT-LLM's ``/metrics``), read while
+    Redis fails: its totals go on from what Redis last gave, and Redis gets what that read
+    took once it answers again, so no iteration is lost."""
+    with private_redis() as server:
+        async with (
+            garbling(server.port, None) as (url, proxy),
+            stack(tmp_path, url) as (_, services),
+        ):
+            drained = services.state.drained
+            before = await drained("e", {"iterations": 10.0, "drafts": 4.0}, 1, 10)
+            proxy.switch(GARBAGE["a malformed length"])
+            during = await drained("e", {"iterations": 5.0, "drafts": 2.0}, 11, 15)
+            proxy.switch(None)
+            after = await drained("e", {"iterations": 5.0, "drafts": 1.0}, 16, 20)
+    assert before["iterations"] == 10.0
+    assert (during["iterations"], during["drafts"], during["last"]) == (15.0, 6.0, 15.0)
+    assert (after["iterations"], after["drafts"], after["lost"]) == (20.0, 7.0, 0.0)
