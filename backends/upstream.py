@@ -200,16 +200,17 @@ class UpstreamStream:
         self._pending = []
 
     async def read_first(self) -> bytes:
-        """The first event, checked: one that is not a JSON object raises ``BadAnswer``, an
-        error event as for its status, and a chat stream's role chunk is checked together
-        with the event after it."""
+        """The first event, checked: one that is not a JSON object (``[DONE]`` included)
+        raises ``BadAnswer``, an error event as for its status, and a chat stream's role
+        chunk is checked together with the event after it."""
         self.first = await self._fill()
         self._pending.pop(0)
-        self.done = self.first == DONE
+        if self.first == DONE:  # an empty answer: no event to pass on as one
+            raise BadAnswer("upstream ended its stream before its first event")
         error = self._opening.error
-        if self._events and not self.done:
+        if self._events:
             await self._past_preludes(_check_event(data_of(self.first) or b"", error))
-        elif not self.done:
+        else:
             _check_event(self.first, error)
             if _is_prelude(self.first):
                 second = await self._fill()

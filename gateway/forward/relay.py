@@ -19,11 +19,13 @@ how the stream is passed on:
   streams of both) or by a ``[DONE]``, passed on, where a server sends one.
 
 An upstream error event is passed on and ends the stream. A stream that ends or breaks
-before its end ends with an error event of the gateway's own, in the API's shape
+before its end (a ``[DONE]`` before the last event of an event stream included, which is
+not passed on) ends with an error event of the gateway's own, in the API's shape
 (``gateway/errors.py``; a Responses one numbered after the last it relayed): after the
-first byte a failure is never a silent end. (An error event that opens the stream never gets
-here: ``backends/upstream.py`` turns it into the upstream's answer.) The measurement finishes
-in ``finally``: finished, failed and cancelled streams all count.
+first byte a failure is never a silent end. After an event stream's last event, a break or
+a stall of the upstream is no failure: the answer was whole. (An error event that opens the
+stream never gets here: ``backends/upstream.py`` turns it into the upstream's answer.) The
+measurement finishes in ``finally``: finished, failed and cancelled streams all count.
 """
 
 from __future__ import annotations
@@ -142,6 +144,9 @@ class Relay:
                 raise StreamBroken("upstream ended the stream before its last event")
             self._status = Status.OK
         except (StreamBroken, orjson.JSONDecodeError) as exc:
+            if passing.ended:  # after the answer's last event: what follows is not its part
+                self._status = Status.OK
+                return
             self._fail(f"stream broke after it started: {exc}")
             # past the first byte nothing can be tried again: the client is told here
             late = isinstance(exc, AnswerTimeout)  # the request's time ran out: a timeout
@@ -265,11 +270,13 @@ class _Events:
             self.next = sequence + 1
         self.ended = self.ended or event.get("type") in self.last
 
-    @staticmethod
-    def end(out: list[bytes]) -> None:
-        """``[DONE]``, where a server sends one: passed on; the last event says whether the
-        answer ended well."""
-        out.append(_DONE_EVENT)
+    def end(self, out: list[bytes]) -> None:
+        """``[DONE]``, where a server sends one: passed on after the answer's last event;
+        before it, the stream ended short and is not passed on, since a client that reads
+        ``[DONE]`` (the ``openai`` client's Responses stream) stops there, taking a cut
+        answer for a whole one."""
+        if self.ended:
+            out.append(_DONE_EVENT)
 
     @staticmethod
     def rest() -> bytes:

@@ -37,9 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
-
-from gateway.state.redisclient import connect
+from gateway.state.redisclient import FAILURES, connect
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +264,7 @@ class RedisPins:
         self._local.put(tenant, response_id, endpoint)
         try:
             await self._write(self._redis, tenant, response_id, endpoint)
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._lost("redis_error", 1, exc)
 
     def keep(self, tenant: str, response_id: str, endpoint: str) -> None:
@@ -282,7 +280,7 @@ class RedisPins:
             return
         self._queue.append((tenant, response_id, endpoint))
         self._wake.set()
-        if self._writer is None:
+        if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(
                 self._write_queued(), name="response-pins"
             )
@@ -290,7 +288,7 @@ class RedisPins:
     async def where(self, tenant: str, response_id: str) -> str | None:
         try:
             found = await self._redis.get(self._pin_key(tenant, response_id))
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             log.warning("could not read the pin of %s: %s", response_id, exc)
             return self._local.get(tenant, response_id)
         if isinstance(found, bytes):
@@ -332,8 +330,8 @@ class RedisPins:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for tenant, response_id, endpoint in batch:
                     await self._write(pipe, tenant, response_id, endpoint)
-                results = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
+                results = list(await pipe.execute(raise_on_error=False))
+        except FAILURES as exc:
             self._lost("redis_error", len(batch), exc)
             return False
         failed = [r for r in results if isinstance(r, Exception)]

@@ -36,9 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from redis.exceptions import RedisError
-
-from gateway.state.redisclient import connect
+from gateway.state.redisclient import FAILURES, connect
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +145,17 @@ class MemoryPrefixes:
         return len(self._map)
 
 
+def _found(entries: Sequence[int], values: Sequence[object]) -> tuple[dict[str, int], str | None]:
+    """What one ``MGET`` of a conversation's opening and then ``entries`` found, as
+    ``PrefixMap.held`` says; a reply of another length raises ``ValueError``."""
+    found: dict[str, int] = {}
+    for entry, value in zip(entries, values[1:], strict=True):
+        if isinstance(value, bytes):
+            found.setdefault(value.decode(errors="replace"), blocks_of(entry))
+    opened = values[0]
+    return found, opened.decode(errors="replace") if isinstance(opened, bytes) else None
+
+
 class RedisPrefixes:
     """The map every replica sees, with this replica's own as the fallback."""
 
@@ -177,17 +186,13 @@ class RedisPrefixes:
         if self._clock() < self._paused_until:
             return self._local.lookup(entries), self._local.at(first)
         try:
-            values = await self._redis.mget([self._key(e) for e in (first, *entries)])
-        except (RedisError, OSError) as exc:
+            return _found(
+                entries, await self._redis.mget([self._key(e) for e in (first, *entries)])
+            )
+        except FAILURES as exc:
             log.warning("could not read the prefix map (own map for %.0f s): %s", PAUSE_S, exc)
             self._paused_until = self._clock() + PAUSE_S
             return self._local.lookup(entries), self._local.at(first)
-        found: dict[str, int] = {}
-        for entry, value in zip(entries, values[1:], strict=True):
-            if isinstance(value, bytes):
-                found.setdefault(value.decode(errors="replace"), blocks_of(entry))
-        opened = values[0]
-        return found, opened.decode(errors="replace") if isinstance(opened, bytes) else None
 
     def keep(self, chain: Sequence[int], opening: int, endpoint: str) -> None:
         fresh = self._local.put([*checkpoints(chain), opening_entry(opening)], endpoint)
@@ -203,7 +208,7 @@ class RedisPrefixes:
                 for entry in entries:
                     pipe.set(self._key(entry), endpoint.encode(), ex=self._ttl)
                 await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             log.warning("could not share the prefix map: %s", exc)
 
     async def close(self) -> None:

@@ -107,12 +107,16 @@ class SharedAudit:
             pipe.rpush(self.key, *self._copy)
 
     async def refresh(self, redis: aioredis.Redis) -> None:
-        """Take the list again when its newest entry is not the copy's."""
+        """Take the list again when its newest entry is not the copy's; a list holding
+        anything that is no audit entry raises, and the copy stays as it was."""
         newest = await redis.lindex(self.key, 0)
         if newest is None or (self._copy and self._copy[0] == newest):
             return
         found = await redis.lrange(self.key, 0, MAX_ENTRIES - 1)
-        self._copy = [r if isinstance(r, bytes) else r.encode() for r in found]
+        copy = [r if isinstance(r, bytes) else r.encode() for r in found]
+        for raw in copy:
+            audit_from_json(raw)
+        self._copy = copy
 
     async def read(self, redis: aioredis.Redis, limit: int) -> list[AuditEntry]:
         """The newest ``limit`` entries, oldest first, from Redis."""

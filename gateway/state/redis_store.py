@@ -22,7 +22,8 @@ change, does in order:
 4. Push window increments (``HINCRBY`` per bucket field, one pipeline) and pull the merged
    windows, flags and states.
 
-Redis down: every failure marks the store degraded (``/readyz`` detail, a metric), the
+Redis down, or answering what Redis never would (``redisclient.FAILURES``): every failure
+marks the store degraded (``/readyz`` detail, a metric), the
 replica keeps serving on its last snapshot and local windows, applies its own transitions,
 and keeps trying; when Redis answers again, it pushes what it holds and pulls the rest.
 Keys expire: windows after twice their span, guardrail states after ``guard_ttl_s`` idle.
@@ -39,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
 
 from gateway.measure.engine_scrape import tallied
 from gateway.measure.replica import Replica
@@ -49,7 +49,7 @@ from gateway.measure.windows import Counts
 from gateway.state.flagstore import AuditEntry, FlagStore
 from gateway.state.memory import transition_json
 from gateway.state.redis_audit import SharedAudit, flag_from_json, flag_to_json
-from gateway.state.redisclient import connect
+from gateway.state.redisclient import FAILURES, connect
 from policies.compiled import CompiledPolicy
 from policies.flags import FlagValue
 from policies.guardrail import Phase, SliceState, Transition
@@ -75,6 +75,8 @@ _FIELDS = (
     "tok_step",
 )
 _FLOATS = {"tpot_sum", "rate_sum", "rate_sq"}
+# one drained read of an endpoint: what it took, and the first and last ``iter`` it held
+_Drained = tuple[dict[str, float], int | None, int | None]
 
 # Compare-and-set of one slice's guardrail state (or split): placed when the stored version is
 # the one the proposal started from, or when none is stored (a child split from its parent
@@ -165,6 +167,8 @@ class RedisState:
         self._flag_pushes = 0  # pushes of flag changes under way
         self._audit = SharedAudit(self._key("audit"))
         self._tasks: list[asyncio.Task[None]] = []
+        self._undrained: dict[str, _Drained] = {}  # drained reads Redis has not taken
+        self._drained_seen: dict[str, dict[str, float]] = {}  # the totals Redis last gave
         self.degraded = True
         self.last_error = "not connected yet"
         self.last_sync = 0.0
@@ -218,7 +222,7 @@ class RedisState:
         self._audit.pending.append(entry)
         try:
             await self._push_flags()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._failed(exc)
 
     async def _write_flag(self, name: str, value: FlagValue | None, entry: AuditEntry) -> None:
@@ -226,7 +230,7 @@ class RedisState:
         self._audit.pending.append(entry)
         try:
             await self._push_flags()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._failed(exc)
 
     async def _push_flags(self) -> None:
@@ -261,7 +265,7 @@ class RedisState:
             return self._audit.local(limit)
         try:
             return await self._audit.read(self._redis, limit)
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._failed(exc)
             return self._audit.local(limit)
 
@@ -286,7 +290,7 @@ class RedisState:
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
                             self._wake.set()
-            except (RedisError, OSError):
+            except FAILURES:
                 await asyncio.sleep(self._interval_s)
 
     async def sync(self) -> None:
@@ -299,7 +303,7 @@ class RedisState:
             await self._commit_splits()
             await self._push_increments(increments)
             await self._pull()
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._replica.restore(increments)
             self._failed(exc)
             return
@@ -453,7 +457,26 @@ class RedisState:
     ) -> dict[str, float]:
         """Each replica adds what its read took to one hash; the first and last ``iter``
         ever drained are kept as the least and greatest seen (atomic in Redis), so the
-        totals count every iteration once whichever replica read it."""
+        totals count every iteration once whichever replica read it. While Redis fails, a
+        read waits here to be added with the key's next one, and the totals are the last
+        Redis gave with what waits added: what the server drained is not lost, and its
+        reader goes on."""
+        waiting = self._undrained.pop(key, None)
+        read: _Drained = (add, first, last)
+        if waiting is not None:
+            read = _joined(waiting, read)
+        try:
+            totals = await self._add_drained(key, *read)
+        except FAILURES as exc:
+            self._failed(exc)
+            self._undrained[key] = read
+            return tallied(self._drained_seen.get(key, {}), *read)
+        self._drained_seen[key] = totals
+        return totals
+
+    async def _add_drained(
+        self, key: str, add: dict[str, float], first: int | None, last: int | None
+    ) -> dict[str, float]:
         name = self._key("drained", key)
         async with self._redis.pipeline(transaction=True) as pipe:
             for field, value in add.items():
@@ -475,10 +498,28 @@ class RedisState:
             return [transition_json(t) for t in list(self._replica.events)[-limit:]]
         try:
             raw = await self._redis.lrange(self._key("events"), 0, limit - 1)
-        except (RedisError, OSError) as exc:
+            return [_event_from(r) for r in reversed(raw)]
+        except FAILURES as exc:
             self._failed(exc)
             return [transition_json(t) for t in list(self._replica.events)[-limit:]]
-        return [orjson.loads(r) for r in reversed(raw)]
+
+
+def _joined(a: _Drained, b: _Drained) -> _Drained:
+    """Two drained reads of one key as one."""
+    add = dict(a[0])
+    for name, value in b[0].items():
+        add[name] = add.get(name, 0.0) + value
+    firsts = [n for n in (a[1], b[1]) if n is not None]
+    lasts = [n for n in (a[2], b[2]) if n is not None]
+    return add, min(firsts, default=None), max(lasts, default=None)
+
+
+def _event_from(raw: bytes | str) -> dict[str, Any]:
+    """A guardrail event as the events list keeps it; ``TypeError`` for anything else."""
+    event = orjson.loads(raw)
+    if not isinstance(event, dict):
+        raise TypeError(f"a guardrail event that is no JSON object: {raw[:80]!r}")
+    return event
 
 
 def _buckets(fields: dict[bytes, bytes]) -> dict[float, Counts]:
