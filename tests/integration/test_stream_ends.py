@@ -12,6 +12,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import openai
@@ -90,17 +91,23 @@ async def ending() -> AsyncIterator[str]:
         server.close()
 
 
+async def streamed(tmp_path: Any, mode: str, route: str) -> httpx.Response:
+    """``route`` streamed through a gateway whose speculative pool is the upstream in
+    ``mode`` and whose standard pool is a simulator."""
+    async with (
+        ending() as bad,
+        stack(tmp_path, [f"{bad}/{mode}"], [sim(2)]) as (url, _),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        return await c.post(url + route, json=BODIES[route] | {"stream": True})
+
+
 @pytest.mark.parametrize("route", [MESSAGES, RESPONSES])
 async def test_a_done_before_the_last_event_is_not_passed_on(tmp_path, route):
     """The stream ends with the API's error event, and no ``[DONE]`` comes before it: the
     ``openai`` client stops reading a Responses stream at ``[DONE]``, and would take the
     cut answer for a whole one."""
-    async with (
-        ending() as bad,
-        stack(tmp_path, [f"{bad}/done-early"], [sim(2)]) as (url, _),
-        httpx.AsyncClient(timeout=30) as c,
-    ):
-        r = await c.post(url + route, json=BODIES[route] | {"stream": True})
+    r = await streamed(tmp_path, "done-early", route)
     assert r.status_code == 200 and r.headers["x-speclane-pool"] == "spec"
     assert b"[DONE]" not in r.content, r.content[-300:]
     name, last = sse_events(r.content)[-1]
@@ -124,12 +131,7 @@ async def test_the_openai_client_sees_the_error_of_a_responses_stream_cut_by_don
 @pytest.mark.parametrize("route", [CHAT, COMPLETIONS, MESSAGES, RESPONSES])
 async def test_a_stream_of_nothing_but_done_is_no_answer_and_fails_over(tmp_path, route):
     """Nothing reached the client yet: the rung below serves the whole answer."""
-    async with (
-        ending() as bad,
-        stack(tmp_path, [f"{bad}/done-only"], [sim(2)]) as (url, _),
-        httpx.AsyncClient(timeout=30) as c,
-    ):
-        r = await c.post(url + route, json=BODIES[route] | {"stream": True})
+    r = await streamed(tmp_path, "done-only", route)
     assert r.status_code == 200 and r.headers["x-speclane-pool"] == "standard"
     events = sse_events(r.content)
     if route in (CHAT, COMPLETIONS):
@@ -143,12 +145,7 @@ async def test_a_stream_of_nothing_but_done_is_no_answer_and_fails_over(tmp_path
 async def test_a_break_after_the_last_event_leaves_the_answer_whole(tmp_path, route, mode):
     """A reset, or a stall past ``idle_s``, in place of the body's end: the client got the
     whole answer, and no error event after it."""
-    async with (
-        ending() as bad,
-        stack(tmp_path, [f"{bad}/{mode}"], [sim(2)]) as (url, _),
-        httpx.AsyncClient(timeout=30) as c,
-    ):
-        r = await c.post(url + route, json=BODIES[route] | {"stream": True})
+    r = await streamed(tmp_path, mode, route)
     assert r.status_code == 200 and r.headers["x-speclane-pool"] == "spec"
     name, last = sse_events(r.content)[-1]
     assert last["type"] in ("message_stop", "response.completed"), r.content[-300:]
