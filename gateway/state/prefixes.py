@@ -20,10 +20,10 @@ a pool of several GPUs holds), the least recently sent forgotten first, each for
 ``ttl_s`` (``SPECLANE_PREFIX_TTL_S``). ``RedisPrefixes`` shares the map between replicas
 (``SET <namespace>:px:<hash> <url> EX <ttl>``, one ``MGET`` per lookup), so a turn that
 reaches another replica goes where the turn before went: affinity does not depend on the
-replica. It keeps its own map too and reads it when Redis fails, and for ``PAUSE_S``
-after a failure, so that a Redis outage costs the request path one timeout, not one per
-request; it writes a checkpoint again only when its own copy is new, points elsewhere or
-is half its TTL old.
+replica. It keeps its own map too and reads it when Redis fails or is slower to answer a
+lookup than ``LOOKUP_S``, and for ``PAUSE_S`` after that, so that a Redis outage or a slow
+Redis costs the request path one wait, not one per request; it writes a checkpoint again
+only when its own copy is new, points elsewhere or is half its TTL old.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 8
 PAUSE_S = 5.0  # after a failed read, Redis is left alone this long
+# the longest a request waits for the shared map: a lookup on the same network takes about
+# a millisecond, and one slower than this tells of a Redis in trouble, not of a busy one
+LOOKUP_S = 0.1
 _INDEX = 32  # a chain entry's block index sits above its 32-bit CRC
 _OPENING = 1 << 63
 
@@ -186,10 +189,9 @@ class RedisPrefixes:
         if self._clock() < self._paused_until:
             return self._local.lookup(entries), self._local.at(first)
         try:
-            return _found(
-                entries, await self._redis.mget([self._key(e) for e in (first, *entries)])
-            )
-        except FAILURES as exc:
+            keys = [self._key(e) for e in (first, *entries)]
+            return _found(entries, await asyncio.wait_for(self._redis.mget(keys), LOOKUP_S))
+        except FAILURES as exc:  # TimeoutError among them
             log.warning("could not read the prefix map (own map for %.0f s): %s", PAUSE_S, exc)
             self._paused_until = self._clock() + PAUSE_S
             return self._local.lookup(entries), self._local.at(first)

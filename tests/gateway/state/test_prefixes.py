@@ -4,11 +4,17 @@ shared between replicas through a real Redis (each replica's own map when Redis 
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.state.prefixes import (
     CHECKPOINT_EVERY,
+    LOOKUP_S,
     PAUSE_S,
     MemoryPrefixes,
     RedisPrefixes,
@@ -115,3 +121,52 @@ async def test_a_replica_reads_its_own_map_when_redis_fails_and_leaves_redis_alo
         assert prefixes._paused_until == clock.now + PAUSE_S / 2
     finally:
         await prefixes.close()
+
+
+@asynccontextmanager
+async def slow(url: str, delay_s: float) -> AsyncIterator[str]:
+    """A proxy in front of the Redis at ``url`` that holds each of its replies ``delay_s``:
+    a Redis that answers, slowly. Its URL."""
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, wait: float) -> None:
+        try:
+            while data := await reader.read(65536):
+                await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        redis_r, redis_w = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(client_r, redis_w, 0.0), pipe(redis_r, client_w, delay_s))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+        server.close()
+
+
+@pytest.mark.redis
+async def test_a_slow_redis_costs_a_lookup_its_deadline_once_then_nothing_awhile():
+    """A Redis that takes half a second a reply (under the socket timeout: no error) is
+    waited for ``LOOKUP_S`` by one request, and not at all by the next for ``PAUSE_S``."""
+    clock = Clock()
+    async with slow(require_shared_redis(), 0.5) as url:
+        prefixes = RedisPrefixes(url, namespace(), 60.0, clock=clock)
+        try:
+            prefixes.keep(chain(10), OPENING, A)
+            started = time.monotonic()
+            assert await prefixes.held(chain(12), OPENING) == ({A: 10}, A)
+            waited = time.monotonic() - started
+            assert prefixes._paused_until == clock.now + PAUSE_S
+            clock.now += PAUSE_S / 2
+            started = time.monotonic()
+            assert await prefixes.held(chain(12), OPENING) == ({A: 10}, A)  # not tried
+            again = time.monotonic() - started
+        finally:
+            await prefixes.close()
+    assert LOOKUP_S <= waited < 0.45 and again < LOOKUP_S
