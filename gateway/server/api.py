@@ -4,7 +4,6 @@ answers from the services; none holds logic of its own."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -41,16 +40,12 @@ class Endpoints:
         endpoint.__name__ = api.name
         return endpoint
 
-    async def models(self, request: Request) -> Response:
-        created = int(time.time())
-        data = [
-            {"id": model, "object": "model", "created": created, "owned_by": "speclane"}
-            for model in sorted(self.services.policy.current.ladders)
-        ]
-        return _json({"object": "list", "data": data})
-
     async def healthz(self, request: Request) -> Response:
         return _json({"status": "ok"})
+
+    async def health(self, request: Request) -> Response:
+        """vLLM's ``/health``: 200 and no body while the gateway serves, 503 once it drains."""
+        return Response(status_code=503 if self.services.gate.draining else 200)
 
     async def readyz(self, request: Request) -> Response:
         """Ready once serving: a gateway whose upstreams are down still answers every request
@@ -84,8 +79,14 @@ class Endpoints:
     async def other_route(self, request: Request) -> Response:
         return await relayed.other_route(self.services, request)
 
+    async def models(self, request: Request) -> Response:
+        return await relayed.model_list(self.services, request)
+
     async def model_card(self, request: Request) -> Response:
         return await relayed.model_card(self.services, request)
+
+    async def version(self, request: Request) -> Response:
+        return await relayed.version(self.services, request)
 
     async def stored_response(self, request: Request) -> Response:
         return await relayed.stored_response(self.services, request)

@@ -1,12 +1,16 @@
 """What the gateway relays without deciding: the engine's other routes, and the Responses API
 calls that name a stored response.
 
-- **Other routes** (``OTHER_ROUTES``, and ``GET /v1/models/{id}``) go to the model's pools:
-  the model is the JSON body's ``model``, a multipart body's ``model`` field, or the path's
-  id (a gateway of one model takes a request that names none). They go first to the model's
-  passthrough pool (the policy's ``passthrough_pool``, by default the ladder's last rung),
-  then to the rest of its ladder from the bottom up, with the failover and outlier ejection
-  of every request (``Pools.exchange``). A model no ladder serves gets the gateway's 404.
+- **Other routes** (``OTHER_ROUTES``, ``GET /v1/models/{id}`` and ``GET /version``) go to
+  the model's pools: the model is the JSON body's ``model``, a multipart body's ``model``
+  field, or the path's id (a gateway of one model takes a request that names none). They go
+  first to the model's passthrough pool (the policy's ``passthrough_pool``, by default the
+  ladder's last rung), then to the rest of its ladder from the bottom up, with the failover
+  and outlier ejection of every request (``Pools.exchange``). A model no ladder serves gets
+  the gateway's 404. ``/version`` names no model: it goes to the first model's pools.
+- **The model list** (``GET /v1/models``) asks each model's pools the same way for their
+  list and shows the model's card as they list it (vLLM's ``owned_by``, ``root``,
+  ``max_model_len``, ``permission``), or a short card of the gateway's own where none does.
 - **Stored responses** (``GET``/``DELETE /v1/responses/{id}``,
   ``POST /v1/responses/{id}/cancel``) go to the endpoint that answered the response, as
   ``gateway/state/pins.py`` remembers it, and nowhere else: only that server holds it. Only
@@ -29,8 +33,10 @@ takes Anthropic's shape too.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -73,6 +79,8 @@ OTHER_ROUTES = {
     "/v1/audio/translations": "translation",
 }
 MODEL_CARD = "/v1/models/{id}"
+MODELS = "/v1/models"
+VERSION = "/version"
 STORED = "/v1/responses/{id}"
 _NOT_JSON = {"/v1/audio/transcriptions", "/v1/audio/translations"}  # text, SRT, VTT
 _FORWARDED = ("content-type", "accept", "anthropic-version", "anthropic-beta")
@@ -123,6 +131,77 @@ async def model_card(services: Services, request: Request) -> Response:
         return _passthrough(services, "GET", _target(request), b"", MODEL_CARD, model)
 
     return await _relay(services, request, MODEL_CARD, "model", prepare)
+
+
+async def version(services: Services, request: Request) -> Response:
+    """``GET /version``: to the passthrough pool of the first model served."""
+
+    async def prepare(trace: Trace, caller: Caller) -> Call:
+        model = min(services.policy.current.ladders)
+        return _passthrough(services, "GET", _target(request), b"", VERSION, model)
+
+    return await _relay(services, request, VERSION, "version", prepare)
+
+
+async def model_list(services: Services, request: Request) -> Response:
+    """``GET /v1/models``: every model served, each with its card as its pools list it."""
+    request_id = _request_id(request.headers.get("x-request-id"))
+    trace = services.telemetry.tracing.begin(request.headers, "models")
+    try:
+        caller = services.gate.enter(request.headers)
+    except ApiError as exc:
+        return _failed(services, trace, MODELS, request_id, exc)
+    headers = {"x-request-id": request_id}
+    try:
+        with trace.step("forward"):
+            trace.inject(headers)
+            ladders = sorted(services.policy.current.ladders.items())
+            asked = (
+                _card(services, model, ladder.other_routes, headers) for model, ladder in ladders
+            )
+            cards = await asyncio.gather(*asked)
+    except BaseException as exc:
+        trace.end(500, exc)
+        raise
+    finally:
+        services.gate.leave(caller)
+    trace.end(200)
+    listed = orjson.dumps({"object": "list", "data": cards})
+    return Response(listed, 200, {"x-request-id": request_id}, media_type=JSON)
+
+
+async def _card(
+    services: Services, model: str, rungs: Sequence[str], headers: dict[str, str]
+) -> object:
+    """The card of ``model`` in the list of the first of ``rungs`` to answer, or the
+    gateway's own short card where that list lacks it or no endpoint answers."""
+    telemetry = services.telemetry
+    try:
+        done = await services.pools.exchange(rungs, "GET", MODELS, b"", headers, json=True)
+    except BackendError:
+        telemetry.relayed(model, "passthrough", rungs[0], "error", MODELS)
+        return _own_card(model)
+    reply = done.reply
+    ok = reply.status < 400
+    telemetry.relayed(model, "passthrough", done.spec.name, "ok" if ok else "error", MODELS)
+    found = _listed_card(reply.body, model) if ok else None
+    return found if found is not None else _own_card(model)
+
+
+def _listed_card(body: bytes, model: str) -> object | None:
+    """The card of ``model`` in an engine's ``/v1/models`` answer; None where it has none."""
+    try:
+        listed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    data = listed.get("data") if isinstance(listed, dict) else None
+    cards = data if isinstance(data, list) else []
+    return next((c for c in cards if isinstance(c, dict) and c.get("id") == model), None)
+
+
+def _own_card(model: str) -> dict[str, object]:
+    """The gateway's card for a model whose pools list none."""
+    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "speclane"}
 
 
 async def stored_response(services: Services, request: Request) -> Response:

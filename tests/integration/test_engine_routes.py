@@ -1,0 +1,115 @@
+"""What a client asks a vLLM server about itself, through the gateway on real sockets:
+``GET /v1/models`` (each model's card as its pools list it, read by the ``openai`` SDK),
+``GET /version`` and ``GET /health``, each answered as the simulator answers it directly."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+import openai
+import pytest
+
+from backends.sim.config import Mode, SimConfig
+from backends.sim.server import create_app as sim_app
+from gateway.identity import key_hash
+from gateway.services import Services
+from tests.gateways import gateway, settings
+from tests.servers import serving
+
+pytestmark = pytest.mark.anyio
+
+WALL = 1_764_000_000.0
+MODEL = "tiny"
+
+
+def policy(spec: str, standard: str, extra: str = "") -> str:
+    return f"""
+version: 1
+pools:
+  spec: {{kind: speculative, model: {MODEL}, num_speculative_tokens: 4, endpoints: [{spec}],
+         timeouts: {{connect_s: 1, first_byte_s: 5, idle_s: 5, total_s: 10}}}}
+  standard: {{kind: standard, model: {MODEL}, endpoints: [{standard}],
+             timeouts: {{connect_s: 1, first_byte_s: 5, idle_s: 5, total_s: 10}}}}
+ladder: [spec, standard]
+{extra}
+rules: [{{name: default, start: spec}}]
+"""
+
+
+class Stack(NamedTuple):
+    url: str
+    standard: str
+    services: Services
+
+
+@asynccontextmanager
+async def sims(tmp: Path, extra: str = "", **overrides: Any) -> AsyncIterator[Stack]:
+    """The gateway before two simulators of ``tiny`` whose clocks stand still."""
+    configs = [
+        SimConfig(mode=mode, served_model_names=(MODEL,), max_model_len=2048, time_scale=0.01)
+        for mode in (Mode.SPECULATIVE, Mode.STANDARD)
+    ]
+    apps = [sim_app(c, wall_clock=lambda: WALL) for c in configs]
+    async with serving(apps[0]) as spec, serving(apps[1]) as std:
+        text = policy(spec, std, extra)
+        async with gateway(settings(tmp, text, **overrides)) as (url, services):
+            yield Stack(url, std, services)
+
+
+async def test_the_model_list_shows_each_card_as_the_pools_list_it(tmp_path):
+    async with sims(tmp_path) as stack, httpx.AsyncClient() as c:
+        via = await c.get(stack.url + "/v1/models")
+        direct = await c.get(stack.standard + "/v1/models")
+        sdk = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", http_client=c)
+        cards = [card.model_dump() async for card in sdk.models.list()]
+    assert via.status_code == 200
+    assert via.headers["content-type"] == direct.headers["content-type"]
+    assert via.json() == direct.json()
+    assert [(card["id"], card["owned_by"], card["max_model_len"]) for card in cards] == [
+        (MODEL, "vllm", 2048)
+    ]
+
+
+async def test_a_model_no_pool_lists_keeps_the_gateways_own_card(tmp_path, closed_port):
+    dead = f"http://127.0.0.1:{closed_port()}"
+    async with (
+        gateway(settings(tmp_path, policy(dead, dead))) as (url, _),
+        httpx.AsyncClient() as c,
+    ):
+        listed = await c.get(url + "/v1/models")
+    assert listed.status_code == 200
+    (card,) = listed.json()["data"]
+    assert (card["id"], card["object"], card["owned_by"]) == (MODEL, "model", "speclane")
+
+
+async def test_the_model_list_needs_a_key_where_requests_do(tmp_path):
+    extra = f"tenants: {{acme: {{api_keys: ['{key_hash('sk-acme')}']}}}}"
+    async with (
+        sims(tmp_path, extra, require_api_key=True) as stack,
+        httpx.AsyncClient() as c,
+    ):
+        none = await c.get(stack.url + "/v1/models")
+        keyed = await c.get(stack.url + "/v1/models", headers={"authorization": "Bearer sk-acme"})
+    assert none.status_code == 401
+    assert keyed.status_code == 200 and keyed.json()["data"][0]["owned_by"] == "vllm"
+
+
+async def test_version_and_health_answer_as_the_engine_does(tmp_path):
+    async with sims(tmp_path) as stack, httpx.AsyncClient() as c:
+        answers = {}
+        for path in ("/version", "/health"):
+            via = await c.get(stack.url + path)
+            direct = await c.get(stack.standard + path)
+            answers[path] = via
+            assert (via.status_code, via.content) == (direct.status_code, direct.content), path
+        stack.services.gate.draining = True
+        draining = await c.get(stack.url + "/health")
+        stack.services.gate.draining = False
+    assert answers["/version"].headers["x-speclane-pool"] == "standard"
+    assert answers["/version"].json() == {"version": "0.32.0"}
+    assert answers["/health"].status_code == 200 and answers["/health"].content == b""
+    assert draining.status_code == 503
