@@ -6,7 +6,8 @@ Only the fields routing reads are validated; every other field (``tool_choice``,
 ``logprobs``, vendor extras) is kept and passed upstream untouched (``extra="allow"``).
 Bad input raises ``ApiError`` 400 naming the field. A ``stream`` that validation read as a
 boolean from another type (``"yes"``, ``1``) is forwarded as that boolean, so that the
-upstream streams exactly when routing expects it to. JSON nested deeper than ``MAX_DEPTH``
+upstream streams exactly when routing expects it to; a null ``stream`` (and chat's null
+``n``) is read as left out, as vLLM reads it. JSON nested deeper than ``MAX_DEPTH``
 levels is refused here, once, with a 400: the gateway writes the payload out again to send it
 upstream, and every JSON writer has a depth limit of its own (orjson's is 255). A body sent as
 anything but JSON (``json_only``) is refused with a 415, as vLLM refuses it.
@@ -18,11 +19,19 @@ from collections.abc import Iterable
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gateway.errors import ApiError, bad_request
 
 MAX_DEPTH = 128
+
+
+def _null_as(default: object) -> BeforeValidator:
+    """Reads a JSON null as ``default``, as vLLM reads its optional fields left out."""
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
+Streamed = Annotated[bool, _null_as(False)]  # vLLM's ``stream: bool | None = False``
 
 
 class _Open(BaseModel):
@@ -62,7 +71,7 @@ class _Sampling(_Open):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Annotated[int, Field(ge=1, le=128)] = 1
-    stream: bool = False
+    stream: Streamed = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
@@ -73,6 +82,7 @@ class _Sampling(_Open):
 
 class ChatRequest(_Sampling):
     messages: Annotated[list[Message], Field(min_length=1)]
+    n: Annotated[int, _null_as(1), Field(ge=1, le=128)] = 1  # vLLM's ``int | None = 1``
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     tools: list[Tool] | None = None
     response_format: ResponseFormatSpec | None = None
@@ -112,7 +122,7 @@ class MessagesRequest(_Open):
     system: str | list[dict[str, Any]] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stream: bool = False
+    stream: Streamed = False
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
@@ -161,7 +171,7 @@ class ResponsesRequest(_Open):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
-    stream: bool = False
+    stream: Streamed = False
     tools: list[ResponsesTool] | None = None
     text: TextSpec | None = None
     user: str | None = None
