@@ -10,7 +10,8 @@ calls that name a stored response.
   the gateway's 404. ``/version`` names no model: it goes to the first model's pools.
 - **The model list** (``GET /v1/models``) asks each model's pools the same way for their
   list and shows the model's card as they list it (vLLM's ``owned_by``, ``root``,
-  ``max_model_len``, ``permission``), or a short card of the gateway's own where none does.
+  ``max_model_len``, ``permission``), or a short card of the gateway's own where none does
+  within ``LIST_WAIT_S``: a list that probes and clients read is never held by a stalled pool.
 - **Stored responses** (``GET``/``DELETE /v1/responses/{id}``,
   ``POST /v1/responses/{id}/cancel``) go to the endpoint that answered the response, as
   ``gateway/state/pins.py`` remembers it, and nowhere else: only that server holds it. Only
@@ -82,6 +83,7 @@ MODEL_CARD = "/v1/models/{id}"
 MODELS = "/v1/models"
 VERSION = "/version"
 STORED = "/v1/responses/{id}"
+LIST_WAIT_S = 2.0  # an engine lists its models at once; one slower than this is in trouble
 _NOT_JSON = {"/v1/audio/transcriptions", "/v1/audio/translations"}  # text, SRT, VTT
 _FORWARDED = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
@@ -174,11 +176,12 @@ async def _card(
     services: Services, model: str, rungs: Sequence[str], headers: dict[str, str]
 ) -> object:
     """The card of ``model`` in the list of the first of ``rungs`` to answer, or the
-    gateway's own short card where that list lacks it or no endpoint answers."""
+    gateway's own short card where that list lacks it or no endpoint answers in time."""
     telemetry = services.telemetry
+    asked = services.pools.exchange(rungs, "GET", MODELS, b"", headers, json=True)
     try:
-        done = await services.pools.exchange(rungs, "GET", MODELS, b"", headers, json=True)
-    except BackendError:
+        done = await asyncio.wait_for(asked, LIST_WAIT_S)
+    except (BackendError, TimeoutError):
         telemetry.relayed(model, "passthrough", rungs[0], "error", MODELS)
         return _own_card(model)
     reply = done.reply

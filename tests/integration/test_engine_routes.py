@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from gateway.identity import key_hash
+from gateway.server.relayed import LIST_WAIT_S
 from gateway.services import Services
 from tests.gateways import gateway, settings
 from tests.servers import serving
@@ -84,6 +86,35 @@ async def test_a_model_no_pool_lists_keeps_the_gateways_own_card(tmp_path, close
     assert listed.status_code == 200
     (card,) = listed.json()["data"]
     assert (card["id"], card["object"], card["owned_by"]) == (MODEL, "model", "speclane")
+
+
+@asynccontextmanager
+async def silent() -> AsyncIterator[str]:
+    """An endpoint that takes connections and never answers."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    async with server:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+async def test_a_stalled_pool_never_holds_the_model_list(tmp_path):
+    """Its pools take the request and say nothing until their own timeouts (10 s here):
+    the list answers within ``LIST_WAIT_S`` with the gateway's own card."""
+    async with (
+        silent() as stalled,
+        gateway(settings(tmp_path, policy(stalled, stalled))) as (url, _),
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        listed = await asyncio.wait_for(c.get(url + "/v1/models"), LIST_WAIT_S + 5)
+    assert listed.status_code == 200
+    assert listed.json()["data"][0]["owned_by"] == "speclane"
 
 
 async def test_the_model_list_needs_a_key_where_requests_do(tmp_path):
