@@ -657,7 +657,9 @@ def fuzz_request(rng: random.Random) -> tuple[str, str, dict[str, bytes], bytes]
         depth = rng.randint(100, 3000)
         raw = b'{"model": "%s", "messages": [], "x": ' % MODEL.encode()
         raw += b"[" * depth + b"]" * depth + b"}"
-    headers = {"content-type": rng.choice(["application/json", "text/plain", "x/\u00e9"])}
+    # mostly JSON, so that the body is read (another content type is a 415 before it is)
+    kind = rng.choices(["application/json", "", "text/plain", "x/\u00e9"], [16, 2, 1, 1])[0]
+    headers = {"content-type": kind} if kind else {}
     if rng.random() < 0.2:
         headers["x-request-id"] = rng.choice(["ok-1", "a b", "x" * 500, "\u00ff"])
     if rng.random() < 0.3:

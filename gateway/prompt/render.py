@@ -68,7 +68,8 @@ def _system(system: str | list[dict[str, Any]] | None) -> Iterator[Segment]:
 
 def _chat(role: str, content: object, extra: dict[str, Any] | None) -> Iterator[Segment]:
     yield from _blocks(role, content)
-    for call in (extra or {}).get("tool_calls") or ():
+    calls = (extra or {}).get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():  # another type: the engine's 400
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             yield _call(function.get("name"), function.get("arguments"))

@@ -271,6 +271,15 @@ def test_one_template_has_one_fingerprint_through_all_four_apis():
     assert hashes(summary, "completions").template != prints["chat"]
 
 
+@pytest.mark.parametrize("calls", [1e308, "x", {"a": 1}, [3, {"function": 3}], True])
+def test_tool_calls_of_another_shape_render_as_none(calls):
+    """An assistant turn whose ``tool_calls`` is no list of calls: the engine refuses it;
+    reading its prompt on the way there must not fail first."""
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": calls}]
+    request, _ = parse(orjson.dumps({"model": "m", "messages": turns}), named("chat").model)
+    assert list(segments(request)) == [("user", "hi")]
+
+
 @pytest.mark.parametrize("kind", [["text"], {"a": 1}, 3, None])
 def test_a_block_or_item_of_no_string_type_renders_without_a_type(kind):
     """The engine answers such a request with its own error; reading its prompt on the way
