@@ -5,12 +5,16 @@ path (decisions read the local snapshots this module keeps current).
 One background loop, about once a second or at once when another replica publishes a
 change, does in order:
 
-1. *Re-seed* when the marker key is gone (Redis restarted empty): write back this replica's
-   flags and guardrail states, only where absent (``HSETNX``/``SET NX``), so the first replica
-   to notice restores them and nobody overwrites a newer value, and its copy of the audit log
-   (``gateway/state/redis_audit.py``). Flags and the audit therefore survive a Redis wipe as
-   long as one replica runs; run Redis with AOF to survive losing every replica too. Window
-   counts are not re-seeded: the guardrail gathers fresh samples.
+1. *Re-seed* when the marker key is gone (Redis restarted empty, or flushed): write back this
+   replica's flags and guardrail states, only where absent (``HSETNX``/``SET NX``), so the
+   first replica to notice restores them and nobody overwrites a newer value, and its copy of
+   the audit log (``gateway/state/redis_audit.py``). The marker is written in the same
+   transaction as what it marks, and a pull reads it with the flags: one that finds no marker
+   (Redis emptied after this round's check) keeps this replica's flags rather than taking the
+   emptiness for deletions, which it would then have re-seeded everywhere. Flags and the audit
+   therefore survive a Redis wipe as long as one replica runs; run Redis with AOF to survive
+   losing every replica too. Window counts are not re-seeded: the guardrail gathers fresh
+   samples.
 2. Push flag changes made while Redis was unreachable.
 3. *Agree on guardrail transitions.* A replica never applies a transition itself while
    connected; it proposes it, and a Lua script applies it only if the slice's stored version
@@ -40,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
+from redis.exceptions import WatchError
 
 from gateway.measure.engine_scrape import tallied
 from gateway.measure.replica import Replica
@@ -324,26 +329,36 @@ class RedisState:
         self._telemetry.sync_error()
 
     async def _reseed_if_empty(self) -> None:
-        if await self._redis.set(self._key("alive"), b"1", nx=True) is None:
-            return  # the marker was there: nothing was lost
-        pipe = self._redis.pipeline(transaction=False)
-        for name, value in self._flags.overrides.items():
-            pipe.hsetnx(self._key("flags"), name, flag_to_json(value))
-        now = self._wall()
-        for kept in self._replica.states():
-            pipe.set(
-                self._key("guard", kept.slice),
-                _state_json(kept.model, kept.rule, kept.state),
-                nx=True,
-                ex=int(self._guard_ttl_s),
-            )
-            pipe.zadd(self._key("guards"), {kept.slice: now})
-        for split in self._replica.splits():
-            raw = _split_json(split)
-            pipe.set(self._key("split", split.parent), raw, nx=True, ex=int(self._guard_ttl_s))
-            pipe.zadd(self._key("splits"), {split.parent: now})
-        self._audit.reseed(pipe)
-        await pipe.execute()
+        """Write back this replica's copy when the marker is gone, in one transaction with
+        the marker: a replica that finds the marker finds what it marks, and only one
+        replica re-seeds (a second one's ``WATCH`` sees the first's marker and stops)."""
+        alive = self._key("alive")
+        if await self._redis.exists(alive):
+            return  # nothing was lost
+        async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(alive)
+            if await pipe.exists(alive):
+                return  # another replica re-seeded since
+            pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            pipe.set(alive, b"1")
+            for name, value in self._flags.overrides.items():
+                pipe.hsetnx(self._key("flags"), name, flag_to_json(value))
+            now = self._wall()
+            for kept in self._replica.states():
+                pipe.set(
+                    self._key("guard", kept.slice),
+                    _state_json(kept.model, kept.rule, kept.state),
+                    nx=True,
+                    ex=int(self._guard_ttl_s),
+                )
+                pipe.zadd(self._key("guards"), {kept.slice: now})
+            for split in self._replica.splits():
+                raw = _split_json(split)
+                pipe.set(self._key("split", split.parent), raw, nx=True, ex=int(self._guard_ttl_s))
+                pipe.zadd(self._key("splits"), {split.parent: now})
+            self._audit.reseed(pipe)
+            with contextlib.suppress(WatchError):  # another replica re-seeded first
+                await pipe.execute()
 
     async def _commit_proposals(self) -> None:
         for key, t in self._replica.take_proposals().items():
@@ -421,12 +436,15 @@ class RedisState:
     async def _pull(self) -> None:
         now = self._wall()
         policy = self._policy()
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self._redis.pipeline(transaction=True)  # the marker with what it marks
+        pipe.exists(self._key("alive"))
         pipe.hgetall(self._key("flags"))
         pipe.zremrangebyscore(self._key("guards"), "-inf", now - self._guard_ttl_s)
         pipe.zrange(self._key("guards"), 0, -1)
-        flags, _, guard_keys = await pipe.execute()
-        if not self._pending_flags and not self._flag_pushes:  # else Redis is behind us
+        alive, flags, _, guard_keys = await pipe.execute()
+        # Redis emptied since this round's re-seed check: its empty flags are no news, and
+        # this replica's copy re-seeds it next round
+        if alive and not self._pending_flags and not self._flag_pushes:  # else Redis is behind
             self._flags.replace({k.decode(): flag_from_json(v) for k, v in flags.items()})
         if guard_keys:
             raw = await self._redis.mget([self._key("guard", k.decode()) for k in guard_keys])

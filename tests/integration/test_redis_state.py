@@ -13,10 +13,18 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from gateway.measure.acceptance import Labels, Outcome, Signal, Status
+from gateway.measure.livestats import LiveStats
+from gateway.measure.replica import Replica
+from gateway.measure.telemetry import Telemetry
 from gateway.services import Services
+from gateway.state.flagstore import FlagStore
+from gateway.state.redis_store import RedisState
+from policies.compiled import load_policy
+from policies.flags import FlagValue
 from tests.fakes import FakeUpstream
 from tests.gateways import gateway, policy_yaml, settings
 from tests.redis_server import namespace, private_redis, require_shared_redis
@@ -212,6 +220,63 @@ async def test_redis_down_and_back_empty_costs_clients_nothing(tmp_path):
     assert set(flags) == {b"speculation", b"spec-late"}  # re-seeded from the replica's copy
     assert [e["flag"] for e in while_down] == ["speculation", "spec-late"]
     assert [e["flag"] for e in audit] == ["speculation", "spec-late"]  # nothing lost, in order
+
+
+class FlushedMidRound(Replica):
+    """A replica whose Redis is emptied (``FLUSHALL`` of ``flush``, when set) in the middle
+    of its next sync round: after the round looked for the re-seed marker, before it pulls."""
+
+    __slots__ = ("flush",)
+
+    def __init__(self, stats: LiveStats) -> None:
+        super().__init__(stats.slices)
+        self.flush: str | None = None
+
+    def take_proposals(self) -> dict[str, Any]:
+        if self.flush is not None:
+            client = redis.Redis.from_url(self.flush)
+            client.flushall()
+            client.close()
+            self.flush = None
+        return super().take_proposals()
+
+
+async def test_a_flushall_mid_round_loses_no_flag() -> None:
+    """A replica whose pull lands just after a FLUSHALL found no flags there; it took that
+    for the truth, re-seeded the emptied Redis from its now empty copy, and the other
+    replica then pulled the emptiness too: the kill switch was gone everywhere, for good
+    (two real replicas lost it in about one FLUSHALL in ten). A pull that finds no re-seed
+    marker keeps its flags, so the next round restores them."""
+    compiled = load_policy(policy_yaml(["http://127.0.0.1:9"], ["http://127.0.0.1:9"]))
+    flushed = FlushedMidRound(LiveStats(lambda: compiled))
+    flags = [FlagStore(compiled), FlagStore(compiled)]
+    off = FlagValue(enabled=False)
+    with private_redis() as server:
+        a, b = (
+            RedisState(
+                server.url, "ns", kept, replica, lambda: compiled, Telemetry.build(), time.time
+            )
+            for kept, replica in zip(
+                flags, (LiveStats(lambda: compiled).replica, flushed), strict=True
+            )
+        )
+        try:
+            await a.set_flag("speculation", off, "ops", time.time(), "incident")
+            await b.sync()
+            assert b.status()["degraded"] is False and flags[1].overrides == {"speculation": off}
+            flushed.flush = server.url
+            await b.sync()  # FLUSHALL lands in this round, before its pull
+            await b.sync()  # the first to notice re-seeds from its own copy
+            await a.sync()
+            stored = aioredis.from_url(server.url)
+            in_redis = await stored.hgetall("ns:flags")
+            await stored.aclose()
+        finally:
+            await a.close()
+            await b.close()
+    assert flushed.flush is None  # the flush did land mid-round
+    assert set(in_redis) == {b"speculation"}
+    assert flags[0].overrides == flags[1].overrides == {"speculation": off}
 
 
 async def test_a_redis_with_a_password(tmp_path):
