@@ -7,59 +7,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, NamedTuple
 
 import httpx
 import openai
 import pytest
 
-from backends.sim.config import Mode, SimConfig
-from backends.sim.server import create_app as sim_app
 from gateway.identity import key_hash
 from gateway.server.relayed import LIST_WAIT_S
-from gateway.services import Services
 from tests.gateways import gateway, settings
-from tests.servers import serving
+from tests.integration.test_other_routes import policy, sims
 
 pytestmark = pytest.mark.anyio
 
-WALL = 1_764_000_000.0
 MODEL = "tiny"
-
-
-def policy(spec: str, standard: str, extra: str = "") -> str:
-    return f"""
-version: 1
-pools:
-  spec: {{kind: speculative, model: {MODEL}, num_speculative_tokens: 4, endpoints: [{spec}],
-         timeouts: {{connect_s: 1, first_byte_s: 5, idle_s: 5, total_s: 10}}}}
-  standard: {{kind: standard, model: {MODEL}, endpoints: [{standard}],
-             timeouts: {{connect_s: 1, first_byte_s: 5, idle_s: 5, total_s: 10}}}}
-ladder: [spec, standard]
-{extra}
-rules: [{{name: default, start: spec}}]
-"""
-
-
-class Stack(NamedTuple):
-    url: str
-    standard: str
-    services: Services
-
-
-@asynccontextmanager
-async def sims(tmp: Path, extra: str = "", **overrides: Any) -> AsyncIterator[Stack]:
-    """The gateway before two simulators of ``tiny`` whose clocks stand still."""
-    configs = [
-        SimConfig(mode=mode, served_model_names=(MODEL,), max_model_len=2048, time_scale=0.01)
-        for mode in (Mode.SPECULATIVE, Mode.STANDARD)
-    ]
-    apps = [sim_app(c, wall_clock=lambda: WALL) for c in configs]
-    async with serving(apps[0]) as spec, serving(apps[1]) as std:
-        text = policy(spec, std, extra)
-        async with gateway(settings(tmp, text, **overrides)) as (url, services):
-            yield Stack(url, std, services)
 
 
 async def test_the_model_list_shows_each_card_as_the_pools_list_it(tmp_path):
@@ -79,7 +39,7 @@ async def test_the_model_list_shows_each_card_as_the_pools_list_it(tmp_path):
 async def test_a_model_no_pool_lists_keeps_the_gateways_own_card(tmp_path, closed_port):
     dead = f"http://127.0.0.1:{closed_port()}"
     async with (
-        gateway(settings(tmp_path, policy(dead, dead))) as (url, _),
+        gateway(settings(tmp_path, policy([dead], [dead]))) as (url, _),
         httpx.AsyncClient() as c,
     ):
         listed = await c.get(url + "/v1/models")
@@ -109,7 +69,7 @@ async def test_a_stalled_pool_never_holds_the_model_list(tmp_path):
     the list answers within ``LIST_WAIT_S`` with the gateway's own card."""
     async with (
         silent() as stalled,
-        gateway(settings(tmp_path, policy(stalled, stalled))) as (url, _),
+        gateway(settings(tmp_path, policy([stalled], [stalled]))) as (url, _),
         httpx.AsyncClient(timeout=30) as c,
     ):
         listed = await asyncio.wait_for(c.get(url + "/v1/models"), LIST_WAIT_S + 5)
@@ -137,6 +97,7 @@ async def test_version_and_health_answer_as_the_engine_does(tmp_path):
             direct = await c.get(stack.standard + path)
             answers[path] = via
             assert (via.status_code, via.content) == (direct.status_code, direct.content), path
+        assert stack.services is not None
         stack.services.gate.draining = True
         draining = await c.get(stack.url + "/health")
         stack.services.gate.draining = False

@@ -30,6 +30,7 @@ from backends.sim.config import Mode, SimConfig
 from backends.sim.server import create_app as sim_app
 from gateway.identity import key_hash
 from gateway.server.app import build_services, create_app
+from gateway.services import Services
 from tests.gateways import gateway, settings
 from tests.servers import serving
 
@@ -76,20 +77,21 @@ class Stack(NamedTuple):
     url: str
     spec: str
     standard: str
+    services: Services | None = None
 
 
 @asynccontextmanager
 async def sims(tmp: Path, extra: str = "", **overrides: Any) -> AsyncIterator[Stack]:
     """The gateway before two simulators of ``tiny`` whose clocks stand still."""
     configs = [
-        SimConfig(mode=mode, served_model_names=(MODEL,), time_scale=0.01)
+        SimConfig(mode=mode, served_model_names=(MODEL,), max_model_len=2048, time_scale=0.01)
         for mode in (Mode.SPECULATIVE, Mode.STANDARD)
     ]
     apps = [sim_app(c, wall_clock=lambda: WALL) for c in configs]
     async with serving(apps[0]) as spec, serving(apps[1]) as std:
         text = policy([spec], [std], extra)
-        async with gateway(settings(tmp, text, **overrides)) as (url, _):
-            yield Stack(url, spec, std)
+        async with gateway(settings(tmp, text, **overrides)) as (url, services):
+            yield Stack(url, spec, std, services)
 
 
 @asynccontextmanager
