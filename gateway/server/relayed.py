@@ -109,6 +109,7 @@ class Call:
 
 
 Prepare = Callable[[Trace, Caller], Awaitable[Call | Response]]
+Answer = Callable[[Trace, Caller, str], Awaitable[Response]]  # given the request's id
 
 
 async def other_route(services: Services, request: Request) -> Response:
@@ -147,14 +148,9 @@ async def version(services: Services, request: Request) -> Response:
 
 async def model_list(services: Services, request: Request) -> Response:
     """``GET /v1/models``: every model served, each with its card as its pools list it."""
-    request_id = _request_id(request.headers.get("x-request-id"))
-    trace = services.telemetry.tracing.begin(request.headers, "models")
-    try:
-        caller = services.gate.enter(request.headers)
-    except ApiError as exc:
-        return _failed(services, trace, MODELS, request_id, exc)
-    headers = {"x-request-id": request_id}
-    try:
+
+    async def answer(trace: Trace, caller: Caller, request_id: str) -> Response:
+        headers = {"x-request-id": request_id}
         with trace.step("forward"):
             trace.inject(headers)
             ladders = sorted(services.policy.current.ladders.items())
@@ -162,14 +158,10 @@ async def model_list(services: Services, request: Request) -> Response:
                 _card(services, model, ladder.other_routes, headers) for model, ladder in ladders
             )
             cards = await asyncio.gather(*asked)
-    except BaseException as exc:
-        trace.end(500, exc)
-        raise
-    finally:
-        services.gate.leave(caller)
-    trace.end(200)
-    listed = orjson.dumps({"object": "list", "data": cards})
-    return Response(listed, 200, {"x-request-id": request_id}, media_type=JSON)
+        listed = orjson.dumps({"object": "list", "data": cards})
+        return Response(listed, 200, {"x-request-id": request_id}, media_type=JSON)
+
+    return await _admitted(services, request, MODELS, "models", answer)
 
 
 async def _card(
@@ -252,6 +244,23 @@ async def _relay(
     services: Services, request: Request, route: str, operation: str, prepare: Prepare
 ) -> Response:
     """Admit, prepare, forward and answer one relayed request, under its trace."""
+
+    async def answer(trace: Trace, caller: Caller, request_id: str) -> Response:
+        prepared = await prepare(trace, caller)
+        if isinstance(prepared, Response):  # nowhere to send it: the engine's own answer
+            services.telemetry.error(prepared.status_code, "response_not_found")
+            prepared.headers["x-request-id"] = request_id
+            return prepared
+        return await _forward(services, request, trace, route, request_id, prepared)
+
+    return await _admitted(services, request, route, operation, answer)
+
+
+async def _admitted(
+    services: Services, request: Request, route: str, operation: str, answer: Answer
+) -> Response:
+    """One request of ``route`` through the gate and answered by ``answer``, under its
+    trace; a refusal or an ``ApiError`` is answered in the route's shape."""
     request_id = _request_id(request.headers.get("x-request-id"))
     trace = services.telemetry.tracing.begin(request.headers, operation)
     try:
@@ -259,13 +268,7 @@ async def _relay(
     except ApiError as exc:
         return _failed(services, trace, route, request_id, exc)
     try:
-        prepared = await prepare(trace, caller)
-        if isinstance(prepared, Response):  # nowhere to send it: the engine's own answer
-            services.telemetry.error(prepared.status_code, "response_not_found")
-            prepared.headers["x-request-id"] = request_id
-            trace.end(prepared.status_code)
-            return prepared
-        answer = await _forward(services, request, trace, route, request_id, prepared)
+        answered = await answer(trace, caller, request_id)
     except ApiError as exc:
         return _failed(services, trace, route, request_id, exc)
     except BaseException as exc:
@@ -273,8 +276,8 @@ async def _relay(
         raise
     finally:
         services.gate.leave(caller)
-    trace.end(answer.status_code)
-    return answer
+    trace.end(answered.status_code)
+    return answered
 
 
 async def _forward(
