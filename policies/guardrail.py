@@ -31,8 +31,12 @@ rung below serves it sooner, or, with no goal set, before that median reaches
 ``ttft_ratio`` times the rung below's for the same slice: at ``LEAVE_SHARE`` of the way
 (1.3x for 1.5x), since a queue's wait grows fastest just before it runs over; a gap under
 ``MIN_EXCESS_S`` never counts (a busy pool answers a little later than an idle one without
-any queue). A slice does not climb back while the rung above would break the same rule
-once it is up there: judged on that rung's first tokens while it carried the slice and the
+any queue). With no goal the rule moves a slice only while the judge is not sure the
+serving rung is the cheaper (``_latency_decides``): the rung below's times are mostly a pool
+that did not carry the slice, and a pool that computes its tokens in less time would queue
+less than the other carrying them; under a goal it holds whatever the cost. Under a goal, a
+slice does not climb back while the rung above would break the same rule once it is up
+there: judged on that rung's first tokens while it carried the slice and the
 rung below's while it did not (``gateway/measure/judging.py``), since a rung the slice left
 answers its few probes sooner than it would answer all of it, and the rung it fell to
 answers later for carrying it.
@@ -272,7 +276,7 @@ def step_economic(
 ) -> tuple[SliceState, Transition | None]:
     """Advance one slice in economic mode (module docstring). A changed state without a
     transition is a new probe share."""
-    slow = latency_breach(seen.latency, config)
+    slow = latency_breach(seen.latency, config) if _latency_decides(seen.below, config) else None
     if slow is not None and seen.latency is not None:
         return _slow(slice_key, state, seen.latency, slow, now)
     if seen.below is not None and seen.below.verdict < 0:
@@ -281,7 +285,7 @@ def step_economic(
     if state.offset == 0:
         return state, None
     ready = now - state.since >= config.cooldown_s or state.phase is Phase.PROBING
-    held = latency_breach(seen.latency_above, config) is not None
+    held = config.ttft_p50_s is not None and latency_breach(seen.latency_above, config) is not None
     for judged in (seen.probes, seen.above):
         if ready and not held and judged is not None and judged.verdict > 0:
             offset = state.offset - 1
@@ -309,6 +313,13 @@ def step_economic(
     reason += f", {mirror:.1%} mirrored there short" if mirror else ""
     numbers = {"probe_share": share, "mirror_share": mirror}
     return after, Transition(slice_key, now, state, after, reason, numbers)
+
+
+def _latency_decides(below: Judgement | None, config: Guardrail) -> bool:
+    """Whether the latency rule may move a slice whose serving rung is judged ``below``
+    against the rung below: always under a goal; with none, only where the judge is not
+    sure the serving rung is the cheaper (module docstring)."""
+    return config.ttft_p50_s is not None or below is None or below.verdict <= 0
 
 
 def _slow(

@@ -56,7 +56,8 @@ _GUARDRAIL = {
     "first token for it is above this many seconds when the rung below serves it sooner",
     "ttft_ratio": "economic mode, without ttft_p50_s: a slice leaves a speculative rung before "
     "its median time to first token there reaches this multiple of the rung below's for the "
-    "same slice (at 60% of the way: 1.3x for 1.5)",
+    "same slice (at 60% of the way: 1.3x for 1.5), where the judge is not sure that rung is the "
+    "cheaper",
 }
 _RANGE = "an inclusive range {min: ..., max: ...}; either end may be left out"
 

@@ -1,5 +1,6 @@
-"""The latency rule on both sides of a move: a slice fallen from speculation for its time to
-first token climbs back only where the rule would not fire again once it is up there, so a
+"""The latency rule on both sides of a move: under a goal, a slice fallen from speculation for
+its time to first token climbs back only where the rule would not fire again once it is up
+there, so a
 cheaper rung above does not pull it back while its first tokens there would still be slow;
 and a slice that just climbed falls again on its own requests up there since, not on probes
 taken while it was below nor on its requests there before it fell. Driven through ``Judge``
@@ -23,6 +24,7 @@ pools:
   spec: {kind: speculative, model: m, num_speculative_tokens: 4, endpoints: ["http://a"]}
   standard: {kind: standard, model: m, endpoints: ["http://b"]}
 ladder: [spec, standard]
+guardrail: {ttft_p50_s: 1.5}
 rules: [{name: default, start: spec}]
 """
 )
