@@ -110,7 +110,9 @@ class Judge:
                 decided_by = probes.n if probes is not None else 0
         lower = rungs[serving + 1].step if serving + 1 < len(ladder.pools) else None
         latency = self._latency(entry, place, serving, now)
-        latency_above = self._latency(entry, place, serving - 1, now, climbing=True)
+        latency_above = None  # read only under a goal (``step_economic``)
+        if config.ttft_p50_s is not None:
+            latency_above = self._latency(entry, place, serving - 1, now, climbing=True)
         economics = Economics(
             below, above, probes, drop=drop, latency=latency, latency_above=latency_above
         )
