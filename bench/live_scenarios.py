@@ -274,6 +274,10 @@ async def send(
     try:
         url = run.gateway(who) + built.path
         response, heard = await _exchange(client, run, url, built, headers)
+    except httpx.TransportError as exc:  # a broken connection: counted, as a refusal is
+        key = type(exc).__name__
+        run.errors[key] = run.errors.get(key, 0) + 1
+        return
     finally:
         done = run.now()
         area_after = run.load.move(done, -1)
