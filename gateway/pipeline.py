@@ -186,7 +186,10 @@ async def _ask(
             found.headers["x-request-id"] = request_id
             return found
         pinned, holder, why = found
-        decision = dataclasses.replace(decision, pool=holder, rungs=(holder,), reason=why)
+        # no mirror either: no other endpoint holds the response it continues (a 404)
+        decision = dataclasses.replace(
+            decision, pool=holder, rungs=(holder,), reason=why, shadow_to=None, shadow_tokens=None
+        )
     affinity = None if pinned is not None else await _affinity(services, features, decision)
     if affinity is not None:
         decision = _moving(services, features, decision, affinity)

@@ -113,3 +113,38 @@ async def test_budget_and_concurrency_bounds_drop_mirrors(tmp_path):
     dropped = [line for line in metrics.splitlines() if 'result="dropped_budget"' in line]
     assert started and started[0].endswith(" 1.0")  # ~12 prompt + 24 output tokens fit once
     assert dropped and dropped[0].endswith(" 4.0")
+
+
+async def _mirrors_done(services) -> None:
+    for _ in range(200):
+        if not services.shadow.in_flight:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_a_continued_stored_response_is_not_mirrored(tmp_path):
+    """A Responses request that continues a stored response goes to the endpoint holding it;
+    no other endpoint knows that response, so a mirror to the speculative pool could only
+    get a 404: it is not sent."""
+    mirrored = {"x-speclane-endpoint": "mirrored"}
+    turn = {"model": "qwen3-32b", "input": "Tell me a story.", "max_output_tokens": 8}
+    async with sim_stack(tmp_path, POLICY, spec()) as (url, services, _), httpx.AsyncClient() as c:
+        first = await c.post(url + "/v1/responses", json=turn, headers=mirrored)
+        await _mirrors_done(services)
+        later = turn | {"previous_response_id": first.json()["id"]}
+        answers = [await c.post(url + "/v1/responses", json=later, headers=mirrored)]
+        answers.append(await c.post(url + "/v1/responses", json=later | {"stream": True}))
+        await _mirrors_done(services)
+        metrics = (await c.get(url + "/metrics")).text
+    assert first.status_code == 200
+    assert "mirrored to spec" in first.headers["x-speclane-reason"]
+    for answer in answers:
+        assert answer.status_code == 200
+        assert answer.headers["x-speclane-reason"].startswith("pinned: response resp_")
+    counts = {
+        line.split('result="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
+        for line in metrics.splitlines()
+        if line.startswith("speclane_shadow_mirrors_total{")
+    }
+    assert counts == {"started": "1.0"}
+
