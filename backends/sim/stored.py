@@ -42,6 +42,9 @@ class Stored:
     def get(self, response_id: str) -> dict[str, Any] | None:
         return self._bodies.get(response_id)
 
+    def __len__(self) -> int:
+        return len(self._bodies)
+
     def routes(self) -> list[Route]:
         return [
             Route("/v1/responses/{response_id}", self._read, methods=["GET"]),

@@ -165,6 +165,8 @@ class ShadowRunner:
         streamed: dict[str, Any] = {"stream": True}
         if not api.events:  # a chunk stream: usage asked for, as the relay does
             streamed["stream_options"] = {"include_usage": True}
+        if api.stores:  # nobody can name a mirror's answer: the engine is to keep none
+            streamed |= {"store": False, "background": False}  # vLLM: background needs store
         body = orjson.dumps(payload | streamed)
         mirrored = replace(labels, pool=pool, shadow=True)
         task = asyncio.create_task(

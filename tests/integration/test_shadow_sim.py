@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from backends.sim.config import Faults, Mode, SimConfig
-from tests.gateways import sim_stack
+from backends.sim.server import create_app as sim_app
+from tests.gateways import gateway, settings, sim_stack
+from tests.servers import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -148,3 +150,24 @@ async def test_a_continued_stored_response_is_not_mirrored(tmp_path):
     }
     assert counts == {"started": "1.0"}
 
+
+async def test_mirrors_of_responses_requests_are_not_stored_upstream(tmp_path):
+    """vLLM keeps every stored response in its server's memory; a mirror's answer reaches
+    nobody, so the mirror asks for it not to be stored (nor run in the background, which
+    vLLM allows only with store)."""
+    spec_app = sim_app(spec())
+    std_app = sim_app(SimConfig(mode=Mode.STANDARD, time_scale=0.05))
+    turn = {"model": "qwen3-32b", "input": "Tell me a story.", "max_output_tokens": 8}
+    async with serving(spec_app) as spec_url, serving(std_app) as std_url:
+        text = POLICY.format(spec=spec_url, std=std_url)
+        async with gateway(settings(tmp_path, text)) as (url, services), httpx.AsyncClient() as c:
+            headers = {"x-speclane-endpoint": "mirrored"}
+            for extra in ({}, {"stream": True}, {"background": True}):
+                answer = await c.post(url + "/v1/responses", json=turn | extra, headers=headers)
+                assert answer.status_code == 200
+            await _mirrors_done(services)
+            metrics = (await c.get(url + "/metrics")).text
+    assert 'speclane_shadow_mirrors_total{pool="spec",result="started"} 3.0' in metrics
+    assert 'result="failed"' not in metrics
+    assert len(std_app.state.stored) == 3  # the client's own answers, continued from there
+    assert len(spec_app.state.stored) == 0
