@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from gateway.errors import ApiError, bad_request
 
@@ -219,7 +220,7 @@ def parse(body: bytes, model: type[AnyRequest]) -> tuple[AnyRequest, dict[str, A
     try:
         parsed = model.model_validate(payload)
     except ValidationError as exc:
-        raise _invalid(exc) from None
+        raise _invalid(exc, payload) from None
     if "stream" in payload and payload["stream"] is not parsed.stream:
         payload["stream"] = parsed.stream  # "yes", 1: upstream streams as routing read it
     return parsed, payload
@@ -238,11 +239,55 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-def _invalid(exc: ValidationError) -> Exception:
-    first = exc.errors(include_url=False)[0]
-    param = ".".join(str(part) for part in first["loc"])
+def _invalid(exc: ValidationError, payload: dict[str, Any]) -> Exception:
+    """A 400 naming the field as the client wrote it. A field that may be one of several
+    types (``input``: a string or a list) is reported for the type it was sent as: of the
+    errors of its types, the one that got deepest into the value, else one that is not
+    about the value's type, so ``"input": []`` says the list is empty, not that it is no
+    string; pydantic's names for the types (``constrained-str``) are left out."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    _, tag = _located(first, payload)
+    if tag is not None:  # the alternatives of that field, as pydantic tried them
+        alternatives = [
+            e for e in errors if len(e["loc"]) > tag and e["loc"][:tag] == first["loc"][:tag]
+        ]
+        first = min(alternatives, key=lambda e: (-len(_located(e, payload)[0]), _of_type(e)))
+    path, _ = _located(first, payload)
+    param = ".".join(str(part) for part in path)
     if first["type"] == "missing":
         return bad_request(f"'{param}' is required", param)
     if first["type"] == "extra_forbidden":
         return bad_request(f"'{param}' is not supported here", param)
     return bad_request(f"'{param}': {first['msg']}", param)
+
+
+def _located(error: ErrorDetails, payload: object) -> tuple[list[str | int], int | None]:
+    """An error's place in ``payload`` (keys and indexes), and where in its ``loc`` the first
+    name of a type tried stands (None when there is none)."""
+    path: list[str | int] = []
+    tag: int | None = None
+    node, loc = payload, error["loc"]
+    for at, part in enumerate(loc):
+        inside, child = _child(node, part)
+        if inside:
+            node = child
+        elif not (at == len(loc) - 1 and error["type"] in ("missing", "extra_forbidden")):
+            tag = at if tag is None else tag
+            continue
+        path.append(part)
+    return path, tag
+
+
+def _child(node: object, part: str | int) -> tuple[bool, object]:
+    """Whether ``part`` is a key or an index of ``node``, and what it holds there."""
+    if isinstance(node, dict) and part in node:
+        return True, node[part]
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return True, node[part]
+    return False, None
+
+
+def _of_type(error: ErrorDetails) -> bool:
+    """Whether an error only says the value is not of the type tried."""
+    return error["type"].endswith(("_type", "_parsing"))

@@ -7,7 +7,13 @@ import pytest
 
 from gateway.apis import named
 from gateway.errors import ApiError
-from gateway.schema import ChatRequest, CompletionRequest, parse
+from gateway.schema import (
+    ChatRequest,
+    CompletionRequest,
+    MessagesRequest,
+    ResponsesRequest,
+    parse,
+)
 
 
 def test_unknown_fields_pass_through_untouched():
@@ -46,6 +52,33 @@ def test_bad_chat_bodies_name_the_field(body, param, message):
         parse(body, ChatRequest)
     assert error.value.status == 400 and error.value.param == param
     assert message in error.value.message
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "param", "message"),
+    [
+        (ResponsesRequest, {"input": []}, "input", "at least 1 item"),
+        (ResponsesRequest, {"input": [3]}, "input.0", "valid dictionary"),
+        (CompletionRequest, {"prompt": ""}, "prompt", "at least 1 character"),
+        (CompletionRequest, {"prompt": [[1, "a"]]}, "prompt.0.1", "valid integer"),
+        (CompletionRequest, {"prompt": ["a", 3]}, "prompt.1", "valid string"),
+        (ChatRequest, {"messages": [{"role": "u", "content": 5}]}, "messages.0.content", ""),
+        (
+            MessagesRequest,
+            {"max_tokens": 4, "messages": [{"role": "u", "content": "x"}], "system": 5},
+            "system",
+            "",
+        ),
+    ],
+)
+def test_a_field_of_several_types_is_named_as_sent(model, body, param, message):
+    """A field that may be a string or a list is named by its place in the body, never by
+    pydantic's name for a type it tried (``input.constrained-str``), and an empty list is
+    said to be empty, not to be no string."""
+    with pytest.raises(ApiError) as error:
+        parse(orjson.dumps({"model": "m"} | body), model)
+    assert error.value.status == 400 and error.value.param == param
+    assert error.value.message.startswith(f"'{param}'") and message in error.value.message
 
 
 def test_completions_need_a_prompt():
