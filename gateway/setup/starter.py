@@ -126,8 +126,8 @@ def _defaults_lines(model: str, defaults: Sampling) -> list[str]:
         "  # the model's generation_config.json); rules read such a request as this",
     ]
     mark = "  # DECIDE" if defaults.decide else ""
-    wrapped = textwrap.wrap(defaults.source, 80, break_long_words=False, break_on_hyphens=False)
-    lines += [f"  # from {line}" for line in wrapped]
+    wrapped = textwrap.wrap(defaults.source, 76, break_long_words=False, break_on_hyphens=False)
+    lines += [f"  # source: {wrapped[0]}", *(f"  #   {more}" for more in wrapped[1:])]
     lines.append(f"  temperature: {defaults.temperature:g}{mark}")
     if defaults.top_p is not None:
         lines.append(f"  top_p: {defaults.top_p:g}")

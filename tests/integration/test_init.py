@@ -199,7 +199,7 @@ async def test_the_models_default_temperature_is_read_from_its_generation_config
     text = out.read_text()
     assert lint(text).problems == ()
     assert yaml.safe_load(text)["defaults"] == {"temperature": 0.6, "top_p": 0.95}
-    assert f"# from {model / 'generation_config.json'}" in text
+    assert f"  # source: {model / 'generation_config.json'}\n" in text
     assert "decide: defaults.temperature" not in said
     answer = explained(out, tmp_path, capsys)
     assert answer["rule"] == "default" and answer["features"]["temperature"] == 0.6
@@ -224,9 +224,14 @@ async def test_without_the_file_the_temperature_is_given_or_marked_to_decide(tmp
             _exits, ["init", *args, "--force", "--default-temperature", "3"]
         )
     assert "  temperature: 1  # DECIDE" in unknown and lint(unknown).problems == ()
+    # where it was looked for, then why 1, as one sentence: "from" led every line of it
+    assert (
+        "  # source: qwen3-32b/target/generation_config.json was not found here; 1 is vLLM's own\n"
+        "  #   default\n  temperature: 1"
+    ) in unknown
     assert "decide: defaults.temperature: the temperature qwen3-32b samples at" in said
     assert yaml.safe_load(given)["defaults"] == {"temperature": 0.7}
-    assert "# from --default-temperature" in given
+    assert "  # source: --default-temperature\n" in given
     assert "3: a temperature is 0 to 2" in capsys.readouterr().err
 
 
@@ -299,4 +304,4 @@ async def test_on_a_terminal_init_asks_the_models_temperature(tmp_path):
     assert code == 0, said
     assert "The model's default temperature (qwen3-32b/target)" in said
     assert yaml.safe_load(out.read_text())["defaults"] == {"temperature": 0.7}
-    assert "# from the operator's answer to speclane init" in out.read_text()
+    assert "  # source: the operator's answer to speclane init\n" in out.read_text()
