@@ -165,7 +165,8 @@ class Admin:
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             param = ".".join(str(p) for p in first["loc"]) or None
-            raise ApiError(status=400, message=f"{param}: {first['msg']}", param=param) from None
+            message = f"{param}: {first['msg']}" if param else first["msg"]  # the whole body's
+            raise ApiError(status=400, message=message, param=param) from None
         known = self._flags()
         if name not in known and not update.create:
             raise _unknown_flag(name, known)

@@ -314,7 +314,8 @@ async def _parsed(request: Request, model: type[Model]) -> Model:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(status=400, message=f"{param}: {first['msg']}", param=param) from None
+        message = f"{param}: {first['msg']}" if param else first["msg"]  # the whole body's
+        raise ApiError(status=400, message=message, param=param) from None
 
 
 def _json(body: object, status: int = 200) -> Response:

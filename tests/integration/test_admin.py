@@ -169,11 +169,18 @@ async def test_bad_flag_updates_are_400(tmp_path):
         bad_name = await c.put(url + "/admin/flags/a%20b", json={}, headers=AUTH)
         created = {"create": True, "reason": "a name with a line break"}
         broken = await c.put(url + "/admin/flags/x%0A", json=created, headers=AUTH)
+        not_json = await c.put(url + "/admin/flags/x", content=b"{", headers=AUTH)
+        not_object = await c.post(url + "/admin/policy/lint", json=[1], headers=AUTH)
         listed = await c.get(url + "/admin/flags", headers=AUTH)
     assert bad_rollout.status_code == unknown.status_code == bad_name.status_code == 400
     assert broken.status_code == 400 and broken.json()["error"]["param"] == "name"
     assert {f["name"] for f in listed.json()["flags"]} == {"speculation", "spec-json"}
     assert bad_rollout.json()["error"]["param"] == "rollout"
+    # an error of the whole body names no field: no "None: " before what is wrong
+    for whole in (not_json, not_object):
+        error = whole.json()["error"]
+        assert whole.status_code == 400 and error["param"] is None
+        assert error["message"].startswith(("Invalid JSON", "Input should be")), error
 
 
 async def test_limits_of_the_audit_and_the_guardrail_are_checked(tmp_path):
