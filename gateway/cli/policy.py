@@ -217,7 +217,8 @@ def features_from(
     for key, text in pairs.items():
         name = "prompt_tokens" if key == "context_tokens" else key
         if name not in _FIELDS:
-            hint = did_you_mean(key, _FIELDS | {"context_tokens"})
+            known = _FIELDS | {"context_tokens"}
+            hint = did_you_mean(key, known) or "known: " + ", ".join(sorted(known))
             raise UsageError(f"unknown feature {key!r} ({hint})")
         values[name] = _value(name, text)
     if "model" not in values:

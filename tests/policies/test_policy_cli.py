@@ -151,6 +151,15 @@ def test_explain_bad_input(
     assert capsys.readouterr().err == f"speclane policy explain: {message}\n"
 
 
+def test_explain_names_the_features_when_none_is_close(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run("explain", str(TRAINIUM), "--features", "colour=red") == 1
+    said = capsys.readouterr().err
+    assert said.startswith("speclane policy explain: unknown feature 'colour' (known: api, ")
+    assert "temperature" in said and "()" not in said
+
+
 def test_explain_a_bad_request_or_policy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], policy_text: str
 ) -> None:
