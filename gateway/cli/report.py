@@ -41,7 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     source.add_argument("--log", type=Path, nargs="+", help="outcome logs (JSON lines)")
     parser.add_argument("--token", help="the admin token (default: SPECLANE_ADMIN_TOKEN)")
-    parser.add_argument("--since", type=float, default=0.0, help="records after this wall time")
+    parser.add_argument(
+        "--since", type=float, default=0.0, help="records after this wall time, in Unix seconds"
+    )
     parser.add_argument("--confidence", type=float, default=0.95, help="of the intervals")
     parser.add_argument("--min-requests", type=int, default=10, help="per arm, for a verdict")
     parser.add_argument(
