@@ -118,6 +118,7 @@ def _shadow(shadow: ShadowLine) -> Text:
         )
     return Text(
         f"(d) shadow: {shadow.creative_requests} creative requests answered by {STANDARD_POOL}; "
-        f"{shadow.mirrored_decisions} chosen for mirroring to {SPEC_POOL}, {started} mirrors "
-        f"started, {dropped} dropped by limits; /admin/stats: {measured}"
+        f"{shadow.mirrored_decisions} chosen for mirroring to {SPEC_POOL}; {started} mirrors "
+        f"started in all (the guardrail's short probes and explorations among them), "
+        f"{dropped} dropped by limits; /admin/stats: {measured}"
     )
