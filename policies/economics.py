@@ -43,6 +43,7 @@ PRIOR_WEIGHT = 3.0
 TRANSFER_LOG_VAR = 0.04
 SPAN_FACTORS = (1, 4, 16)
 LEAN_MAX = 0.25
+LEAN_UNSEEN = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,18 +294,26 @@ def span_targets(min_samples: int) -> tuple[int, ...]:
     return tuple(min_samples * f for f in SPAN_FACTORS)
 
 
-def leaning(judged: Judgement | None) -> float:
+def leaning(judged: Judgement | None, unseen: bool = False) -> float:
     """The share of a slice to serve one rung down while the judge leans that way but is not
     sure (``judged``: the serving rung against the next one down): the probability that the
-    lower rung is the cheaper one, less even odds, at most ``LEAN_MAX``, in steps of 1%.
+    lower rung is the cheaper one, less even odds, at most ``LEAN_MAX``, in steps of 1%;
+    ``LEAN_UNSEEN`` while that rung's pool has too few observations of its own to be learned
+    (``unseen``).
 
     A lower pool that serves nothing is seen only at the batch of the few requests explored
     there, and its step time at the ladder's load is then an extrapolation the judge rightly
     doubts; a share of the slice served there loads it to where it is judged, and costs
     nothing in expectation, since the judge already finds it cheaper on the point estimate.
-    The cap keeps the slice mostly where it is until the judge is sure."""
+    The cap keeps the slice mostly where it is until the judge is sure. A pool never seen is
+    known only through the others' curves, and most of that doubt is one factor for the
+    whole curve (other hardware, another engine build), which one observation of it settles:
+    half the slice goes there until it is learned, so that the first observation comes
+    within about one of the slice's requests, not one in several."""
     if judged is None or judged.verdict != 0 or judged.z <= 0:
         return 0.0
+    if unseen:
+        return LEAN_UNSEEN
     return round(min(LEAN_MAX, NormalDist().cdf(judged.z) - 0.5), 2)
 
 
@@ -331,7 +340,13 @@ def hinges(judged: Judgement | None, lower: StepTime | None, rate: float, cost: 
 
 
 def exploring(
-    judged: Judgement | None, lower: StepTime | None, rate: float, *, live: bool, cost: float
+    judged: Judgement | None,
+    lower: StepTime | None,
+    rate: float,
+    *,
+    live: bool,
+    cost: float,
+    prefill: float | None = None,
 ) -> tuple[bool, float]:
     """How a slice explores the rung below (``judged``: the serving rung against it, ``lower``
     its step time, ``rate`` the slice's requests a second): whether it asks for the pool's
@@ -340,8 +355,17 @@ def exploring(
     pool at least as cheap, and so cost nothing in expectation: the lean is then worth it
     whatever the slice's rate, and its own requests are the observations. Otherwise each is a
     mirror of ``cost`` (request-equivalents a second, the budget's), asked for only when
-    knowing is worth that (``hinges``)."""
-    lean = leaning(judged) if live and hinges(judged, lower, rate, 0.0) else 0.0
+    knowing is worth that (``hinges``).
+
+    ``prefill``: what one of the slice's requests prefills on the rung below beyond what it
+    would at home, as a share of its decode cost at home (None while unknown). A pool not
+    yet learned gets the larger lean (``LEAN_UNSEEN``) only where that is less than what the
+    point estimate saves there: not for a conversation's turns, cached at home and
+    re-prefilled below."""
+    unseen = lower is None or not lower.learned
+    if unseen and (prefill is None or judged is None or prefill > 1.0 - 1.0 / judged.ratio):
+        unseen = False
+    lean = leaning(judged, unseen) if live and hinges(judged, lower, rate, 0.0) else 0.0
     if lean:
         return False, lean
     return hinges(judged, lower, rate, cost), 0.0

@@ -296,7 +296,9 @@ class LiveStats:
         if state != entry.state:  # a new probe share: not an event
             entry.state = state
             self.slices.publish()
-        self._explore(key, entry, place, seen, rate, now)
+        self._explore(
+            key, entry, place, seen, rate, self._lean_prefill(key, entry, place, tokens, now), now
+        )
 
     def _probe_prefill(
         self,
@@ -329,8 +331,37 @@ class LiveStats:
         extra = max(there - home * per_token.get(here, prefill), 0.0)
         return there / (tokens * decode), extra / (tokens * decode)
 
+    def _lean_prefill(
+        self, key: str, entry: SliceRecord, place: Placement, tokens: float | None, now: float
+    ) -> float | None:
+        """What one of the slice's requests served a rung down prefills there beyond what it
+        would at home, over its decode cost at home (``exploring``'s ``prefill``): its
+        context at the pool below's seconds per prompt token, less its uncached prompt
+        tokens at home at the serving pool's; nothing beyond where its answers never said
+        what was cached (prefilled whole as far as is known); None while unknown."""
+        serving, pools = place.serving(entry.state.offset), place.ladder.pools
+        if serving + 1 >= len(pools) or not tokens or entry.context is None:
+            return None
+        if entry.home_prefill is None:
+            return 0.0
+        here, below = pools[serving], pools[serving + 1]
+        per_token = self.views.prefill_seconds_per_token(key, now)
+        decode = self.views.seconds_per_token(key, now).get(here)
+        at_home = per_token.get(here)
+        if not decode or at_home is None:
+            return None
+        there = entry.context * per_token.get(below, at_home)
+        return max(there - entry.home_prefill * at_home, 0.0) / (tokens * decode)
+
     def _explore(
-        self, key: str, entry: SliceRecord, place: Placement, seen: Seen, rate: float, now: float
+        self,
+        key: str,
+        entry: SliceRecord,
+        place: Placement,
+        seen: Seen,
+        rate: float,
+        prefill: float | None,
+        now: float,
     ) -> None:
         """The share of the slice sent one rung down while its judgement hinges on that
         pool's step time, and whether it is served there (live) or mirrored.
@@ -345,7 +376,9 @@ class LiveStats:
             live = seen.near is not None and seen.near.z >= 0.0
             live = live and config.probe is ProbeMode.LIVE
             cost = EXPLORE_PER_MINUTE / 60.0
-            hinged, lean = exploring(seen.near, seen.lower, rate, live=live, cost=cost)
+            hinged, lean = exploring(
+                seen.near, seen.lower, rate, live=live, cost=cost, prefill=prefill
+            )
             pool = pools[serving + 1]
             explore = self.steps.explore_share(pool, key, rate, hinged, config.probe_fraction, now)
             explore = max(explore, lean)

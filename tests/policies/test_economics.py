@@ -9,7 +9,7 @@ import pytest
 
 from policies.compiled import load_policy
 from policies.decide import decide
-from policies.economics import Judgement, Rung, Tally, exploring, hinges, judge
+from policies.economics import Judgement, Rung, Tally, exploring, hinges, judge, leaning
 from policies.features import Features
 from policies.guardrail import ON_START, Economics, Phase, SliceState, step_economic
 from policies.model import Guardrail
@@ -201,3 +201,27 @@ def test_an_explored_request_is_served_below_when_live_and_mirrored_otherwise(li
     else:
         assert decision.pool == "spec" and decision.shadow_to == "standard"
         assert decision.shadow_tokens == CONFIG.probe_tokens  # steps to time, no more
+
+
+def test_a_slice_leaning_towards_a_pool_not_yet_learned_serves_half_there_where_it_pays():
+    leans = Judgement(0, 1.25, 0.4, 3, "", log_var=0.3)  # the prior's doubt: one factor
+    unseen = StepTime(0.05, 0.3, 1.0, learned=False)  # one observation: not yet learned
+    # a summary, prefilled whole wherever it goes: half of it there
+    assert exploring(leans, unseen, rate=0.4, live=True, cost=4 / 60, prefill=0.0) == (
+        False,
+        0.5,
+    )
+    # a conversation's turn, cached at home: re-prefilled there for more than a fifth of its
+    # decode cost (1 - 1 / 1.25 is what the point estimate saves): the usual lean
+    turn = exploring(leans, unseen, rate=0.4, live=True, cost=4 / 60, prefill=0.6)
+    assert turn == (False, leaning(leans))
+    assert 0 < turn[1] < 0.25
+    assert exploring(leans, unseen, rate=0.4, live=True, cost=4 / 60)[1] == leaning(leans)
+    # learned: the usual lean whatever the prefill
+    learned = StepTime(0.05, 0.02, 6.0)
+    assert exploring(leans, learned, rate=0.4, live=True, cost=4 / 60, prefill=0.0)[1] < 0.25
+    # mirrors only: nothing served there
+    assert exploring(leans, unseen, rate=0.4, live=False, cost=4 / 60, prefill=0.0) == (
+        True,
+        0.0,
+    )

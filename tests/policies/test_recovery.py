@@ -188,3 +188,11 @@ def test_exploration_leans_with_an_unsure_judge():
     )
     assert leaning(Judgement(0, 0.9, -0.5, 40, "")) == 0.0  # leans the other way
     assert leaning(Judgement(-1, 1.5, 4.0, 40, "")) == 0.0  # sure: it moves instead
+
+
+def test_a_slice_leaning_towards_a_pool_never_seen_sends_it_half():
+    slight = Judgement(0, 1.2, 0.35, 3, "")  # the prior's doubt: most of it one factor
+    assert leaning(slight, unseen=True) == pytest.approx(0.5)
+    assert leaning(slight) < 0.25
+    assert leaning(Judgement(0, 0.9, -0.4, 3, ""), unseen=True) == 0.0  # leans to stay
+    assert leaning(Judgement(-1, 2.3, 4.9, 3, ""), unseen=True) == 0.0  # sure: it moves
