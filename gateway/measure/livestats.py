@@ -296,9 +296,7 @@ class LiveStats:
         if state != entry.state:  # a new probe share: not an event
             entry.state = state
             self.slices.publish()
-        self._explore(
-            key, entry, place, seen, rate, self._lean_prefill(key, entry, place, tokens, now), now
-        )
+        self._explore(key, entry, place, seen, rate, tokens, now)
 
     def _probe_prefill(
         self,
@@ -360,15 +358,17 @@ class LiveStats:
         place: Placement,
         seen: Seen,
         rate: float,
-        prefill: float | None,
+        tokens: float | None,
         now: float,
     ) -> None:
         """The share of the slice sent one rung down while its judgement hinges on that
         pool's step time, and whether it is served there (live) or mirrored.
 
         A slice leaning towards that pool serves its own lean there, which costs nothing
-        in expectation; mirrors, a whole request each, come from the pool's budget when
-        knowing is worth them (``policies/economics.py: exploring``)."""
+        in expectation (half the slice while the pool is not learned, where what a request
+        prefills there allows: ``_lean_prefill``, asked only then); mirrors, a whole request
+        each, come from the pool's budget when knowing is worth them
+        (``policies/economics.py: exploring``)."""
         config, pools = place.guardrail, place.ladder.pools
         serving = place.serving(entry.state.offset)
         explore, live = 0.0, False
@@ -376,6 +376,8 @@ class LiveStats:
             live = seen.near is not None and seen.near.z >= 0.0
             live = live and config.probe is ProbeMode.LIVE
             cost = EXPLORE_PER_MINUTE / 60.0
+            unseen = seen.lower is None or not seen.lower.learned
+            prefill = self._lean_prefill(key, entry, place, tokens, now) if unseen else None
             hinged, lean = exploring(
                 seen.near, seen.lower, rate, live=live, cost=cost, prefill=prefill
             )
