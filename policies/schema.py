@@ -38,7 +38,8 @@ _GUARDRAIL = {
     "(its probe share is at least one request in this many seconds); threshold mode: unused",
     "probe_fraction": "threshold mode: the share of a probing slice's requests sent (or "
     "mirrored) to the rung above; economic mode: the most of a slice's requests sent to a "
-    "pool below to learn its step time",
+    "pool below to learn its step time, besides what a slice leaning towards that pool "
+    "serves there (up to a quarter; half while the pool is not yet learned)",
     "probe": "live: serve probes from the rung above; shadow: mirror them instead",
     "probe_budget": "economic mode: the share of a fallen-back slice's cost its probes may "
     "add in expectation (probes of a rung barely dearer are many, of one far dearer few)",
