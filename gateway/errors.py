@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import orjson
+from pydantic import ValidationError
 from starlette.responses import Response
 
 from backends.errors import (
@@ -163,6 +164,15 @@ class ApiError(Exception):
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(status=400, message=message, param=param)
+
+
+def invalid_body(exc: ValidationError) -> ApiError:
+    """A 400 for an admin body that failed validation: its first error, at its field (none
+    for the whole body, which is then no JSON object)."""
+    first = exc.errors(include_url=False)[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    message = f"{param}: {first['msg']}" if param else first["msg"]
     return ApiError(status=400, message=message, param=param)
 
 

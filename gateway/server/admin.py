@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.errors import JSON, ApiError
+from gateway.errors import JSON, ApiError, invalid_body
 from gateway.identity import api_key
 from gateway.lifecycle import reload_policy
 from gateway.server.admin_policy import PolicyDrafts, actor
@@ -163,10 +163,7 @@ class Admin:
         try:
             update = FlagUpdate.model_validate_json(await request.body())
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            message = f"{param}: {first['msg']}" if param else first["msg"]  # the whole body's
-            raise ApiError(status=400, message=message, param=param) from None
+            raise invalid_body(exc) from None
         known = self._flags()
         if name not in known and not update.create:
             raise _unknown_flag(name, known)

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from gateway import apis, schema
 from gateway.classify import Defaults, classify
-from gateway.errors import JSON, ApiError
+from gateway.errors import JSON, ApiError, invalid_body
 from gateway.lifecycle import reload_policy
 from gateway.services import Services
 from gateway.state.flagstore import POLICY, AuditEntry
@@ -312,10 +312,7 @@ async def _parsed(request: Request, model: type[Model]) -> Model:
     try:
         return model.model_validate_json(bytes(body))
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        message = f"{param}: {first['msg']}" if param else first["msg"]  # the whole body's
-        raise ApiError(status=400, message=message, param=param) from None
+        raise invalid_body(exc) from None
 
 
 def _json(body: object, status: int = 200) -> Response:
