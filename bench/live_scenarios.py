@@ -65,6 +65,7 @@ from procs import Supervisor, free_port
 from backends.sim.agents import chat_of
 from backends.sim.cli import COST_MODEL_HELP, cost_for, cost_model_arg
 from backends.sim.model import build_profile
+from gateway.demo.summary import mirror_counts
 from gateway.replay.bodies import Built, Talk, build
 from gateway.replay.report import TABLE_HEAD, markdown_row, summarise
 from gateway.replay.run import Replay, Row, replay
@@ -114,6 +115,7 @@ class Run:
     talked: dict[tuple[int, int], int] = field(default_factory=dict)  # conversations begun
     ids: Ids = field(default_factory=dict)  # a replay's (``parity.replayed_ids``)
     asked: dict[tuple[str, int], int] = field(default_factory=dict)  # requests sent, by client
+    mirrored: dict[str, int] = field(default_factory=dict)  # the gateways' mirrors, by result
 
     def __post_init__(self) -> None:
         self.rng.seed(f"{self.scenario.seed}:live")
@@ -494,6 +496,10 @@ async def drive(run: Run) -> list[Transition]:
             run.gateways[0] + "/admin/guardrail?limit=1000",
             headers={"authorization": f"Bearer {TOKEN}"},
         )
+        for url in run.gateways:
+            metrics = await client.get(url + "/metrics")
+            for result, n in mirror_counts(metrics.text).items():
+                run.mirrored[result] = run.mirrored.get(result, 0) + n
     events = answer.json().get("events", []) if answer.status_code == 200 else []
     return [_transition(e, run.model_started) for e in events]
 
@@ -532,6 +538,18 @@ def run_one(
     return summary
 
 
+def said(rows: list[Row], every_s: float = 10.0) -> dict[str, dict[int, str]]:
+    """What the gateway told each slice's clients (``x-speclane-reason``): the first reason
+    in every ``every_s`` seconds, by slice and the bucket's start; mirrors left out."""
+    out: dict[str, dict[int, str]] = {}
+    for row in sorted(rows, key=lambda r: r.arrival):
+        if not row.shadow:
+            out.setdefault(row.slice, {}).setdefault(
+                int(row.arrival // every_s * every_s), row.reason
+            )
+    return out
+
+
 def priced(
     run: Run, events: list[Transition], logs: list[Path], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -548,6 +566,8 @@ def priced(
     live = Replay(scenario, ladder, counts, rows, events, cost=cost, placement="live")
     summary = summarise(live, policy)
     summary["errors"] = run.errors
+    summary["mirror_results"] = run.mirrored
+    summary["said"] = said(run.rows)
     summary["seed"] = scenario.seed
     if run.talks:  # conversations: live and replay of the same seed, as agent_cache reports
         replayed = replay(policy, scenario, cost=cost)

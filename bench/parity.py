@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from live_scenarios import Ids, add_cost_model, run_one
+from live_scenarios import Ids, add_cost_model, run_one, said
 
 from backends.sim.cli import cost_for, cost_model_arg
 from gateway.replay.report import summarise
@@ -137,14 +137,38 @@ def report(name: str, replayed: dict[str, Any], live: dict[str, Any], verdict: V
         f"| requests, mirrors | {replayed['requests']}, {replayed['mirrors']} | "
         f"{live['requests']}, {live['mirrors']} |",
         "",
+        f"live: mirrors by result {live.get('mirror_results') or {}}, "
+        f"client errors {live.get('errors') or {}}",
+        "",
         "| slice | replay move | live move | live - replay |",
         "| --- | --- | --- | --- |",
         *(f"| {key} | {a} | {b} | {d} |" for key, a, b, d in verdict.rows),
         "",
         "verdict: " + ("same decisions" if verdict.ok else "; ".join(verdict.problems)),
         "",
+        *told(replayed, live, verdict),
     ]
     return "\n".join(lines)
+
+
+def told(replayed: dict[str, Any], live: dict[str, Any], verdict: Verdict) -> list[str]:
+    """Around the first move of each slice the runs disagree on, what each run's gateway
+    told that slice's clients, ten seconds at a time: the judgement behind the difference."""
+    out = []
+    ours, theirs = moves(replayed["events"]), moves(live["events"])
+    for key in sorted(set(ours) | set(theirs)):
+        if not any(p.startswith(f"{key}:") for p in verdict.problems):
+            continue
+        first = min(m.at for m in [*ours.get(key, []), *theirs.get(key, [])])
+        out += [f"what {key} was told (replay / live):"]
+        a, b = replayed["said"].get(key, {}), live["said"].get(key, {})
+        for at in sorted({int(t) for t in [*a, *b]}):
+            if first - 20 <= at <= first + 30:
+                out.append(
+                    f"  {at} s: {a.get(at, a.get(str(at), '-'))} / {b.get(at, b.get(str(at), '-'))}"
+                )
+        out.append("")
+    return out
 
 
 _RATIOS = ("adaptive_vs_oracle", "adaptive_vs_always_standard", "adaptive_vs_always_speculative")
@@ -180,7 +204,7 @@ def main() -> int:
         model = scenario.model or next(iter(policy.ladders))
         cost = cost_for(cost_model_arg(args.cost_model), model)
         run = replay(policy, scenario, cost=cost)
-        replayed = summarise(run, policy)
+        replayed = summarise(run, policy) | {"said": said(run.rows)}
         live = run_one(path, args.policy, args, replayed_ids(run))
         verdict = compare(
             replayed, live, args.max_delay_s, args.max_cost_gap, ends_at=scenario.duration_s
