@@ -40,6 +40,15 @@ and the draft prefills each prompt once. So a standard pool seen at batch 8 says
 k=4 pool costs at batch 8 (40 tokens, nearly free while memory-bound), which a per-sequence
 slope scaled by k + 1 does not. The knee is the ladder's, chosen jointly (``ladder``).
 
+The observations' noise is estimated from how far they lie from a curve the prior hardly
+holds (its deviations ``WIDER`` times as wide), then the curve is fitted under the prior
+itself with that noise. Estimated from the residuals of the fit under the prior, the
+prior's own error would read as noise, and the steps would weigh least exactly where they
+contradict it: on the affine simulator, whose token costs 13 times the prior's, a pool's
+step at a surge's batch was learned 15-30% low for over a minute after the surge began
+(``bench/RESULTS.md``, "A prior the steps contradict", under "Decision quality on three
+cost models").
+
 Observations are kept as running sums weighted by ``1 / seconds^2`` (relative noise), less
 where prefill beside them blurs what the decode step cost (``prefill_weight``), that
 decay with a half-life, at a fixed set of candidate knees: O(len(KNEES)) per observation.
@@ -77,6 +86,7 @@ SLOPE_SD = 0.5  # the slope past the knee: compute at the ridge, within ~1.6x
 TRANSFER_SD = 0.15  # another pool's part, through the structural relation
 COMMON_SD = 0.5  # another pool of the model on other hardware: all parts together
 N = 6  # a, s, b, c, d, e
+WIDER = 5.0  # the prior's deviations, loosened, where the noise is estimated
 
 Sums = tuple[Mat, Vec, float]  # a knee's weighted sums: xx, xy and yy
 
@@ -354,20 +364,21 @@ def _fit(
 def _solved(
     prior: Curve, n: float, xx: Mat, xy: Vec, yy: float
 ) -> tuple[Vec, list[list[float]], float]:
-    """The posterior mean under ``prior`` (noise pooled from a first pass's residuals), every
-    part kept >= 0, its precision, and the weighted relative residual sum of squares."""
+    """The posterior mean under ``prior``, every part kept >= 0, its precision, and the
+    weighted relative residual sum of squares. The observations' noise is pooled from the
+    residuals of a first pass under the prior loosened ``WIDER`` times (module docstring)."""
     noise = NOISE_SD**2
     p0 = precision(prior.cov)
     p0m = apply(p0, prior.mean)
     beta: Vec = prior.mean
     lam: list[list[float]] = []
     rss = 0.0
-    for _ in range(2):
+    for loose in (WIDER**-2, 1.0):
         lam = [
-            [p + x / noise for p, x in zip(prow, xrow, strict=True)]
+            [loose * p + x / noise for p, x in zip(prow, xrow, strict=True)]
             for prow, xrow in zip(p0, xx, strict=True)
         ]
-        r = [p0m[i] + xy[i] / noise for i in range(N)]
+        r = [loose * p0m[i] + xy[i] / noise for i in range(N)]
         beta = non_negative(lam, r)
         rss = max(yy - 2 * dot(beta, xy) + dot(beta, apply(xx, beta)), 0.0)
         noise = (NOISE_WEIGHT * NOISE_SD**2 + rss) / (NOISE_WEIGHT + n)
