@@ -162,11 +162,9 @@ def told(replayed: dict[str, Any], live: dict[str, Any], verdict: Verdict) -> li
         first = min(m.at for m in [*ours.get(key, []), *theirs.get(key, [])])
         out += [f"what {key} was told (replay / live):"]
         a, b = replayed["said"].get(key, {}), live["said"].get(key, {})
-        for at in sorted({int(t) for t in [*a, *b]}):
+        for at in sorted({*a, *b}):
             if first - 20 <= at <= first + 30:
-                out.append(
-                    f"  {at} s: {a.get(at, a.get(str(at), '-'))} / {b.get(at, b.get(str(at), '-'))}"
-                )
+                out.append(f"  {at} s: {a.get(at, '-')} / {b.get(at, '-')}")
         out.append("")
     return out
 

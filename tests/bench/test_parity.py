@@ -29,7 +29,7 @@ ROOT = Path(__file__).parents[2]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
-from parity import compare, moves, replayed_ids  # noqa: E402
+from parity import compare, moves, replayed_ids, told  # noqa: E402
 
 from gateway.replay.run import replay  # noqa: E402
 from gateway.replay.scenario import load_scenario  # noqa: E402
@@ -64,6 +64,20 @@ def test_a_move_the_other_run_had_no_time_left_to_make_is_not_a_difference():
     back_sooner = _summary(1.02, (100.0, "on/0", "fallen_back/1"), (280.0, "fallen_back/1", "on/0"))
     verdict = compare(replayed, back_sooner, 30, 0.03, ends_at=320.0)
     assert verdict.problems == (f"{CHAT}: move 2 only in live",)
+
+
+def test_a_disputed_move_shows_what_each_run_told_the_slice_around_it():
+    replayed = _summary(1.02, (93.0, "on/0", "fallen_back/1"))
+    replayed["said"] = {CHAT: {60: "early", 80: "on spec", 100: "fallen back", 200: "late"}}
+    live = _summary(1.09) | {"said": {CHAT: {80: "on spec", 100: "on spec"}}}
+    lines = told(replayed, live, compare(replayed, live, 30, 0.03))
+    assert lines == [
+        f"what {CHAT} was told (replay / live):",
+        "  80 s: on spec / on spec",
+        "  100 s: fallen back / on spec",
+        "",
+    ]
+    assert told(replayed, replayed, compare(replayed, replayed, 30, 0.03)) == []
 
 
 SHORT = """
