@@ -39,6 +39,10 @@ What a scale below 1 cannot shrink is the machine: the gateway's own work per ch
 request takes real time, and a busy machine reads as a busier engine. Use 1 (the default)
 for numbers to quote. ``--cost-model`` (default ``measured``: the H200 curve for the
 model's size) is the simulators' step-time model and the pricing's.
+
+Why one module past 600 lines: one live run is one harness (the stack it starts, the clients
+that drive it, the rows they record and their pricing), and ``parity.py`` and the tests run
+it whole; split, each part would pass the run's state to the next.
 """
 
 from __future__ import annotations
