@@ -32,6 +32,7 @@ Explained for operators, with its numbers, in docs/guardrail.md ("The economic g
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
@@ -70,6 +71,15 @@ class Tally:
         residual = self.tok_sq - 2 * per_step * self.tok_step + per_step**2 * self.step_sq
         mean = per_step * self.steps / self.n
         return max(residual, 0.0) / ((self.n - 1) * mean * mean)
+
+
+def summed(tallies: Iterable[Tally]) -> Tally:
+    """One tally of the requests of several."""
+    n = tokens = steps = tok_sq = step_sq = tok_step = 0.0
+    for t in tallies:
+        n, tokens, steps = n + t.n, tokens + t.tokens, steps + t.steps
+        tok_sq, step_sq, tok_step = tok_sq + t.tok_sq, step_sq + t.step_sq, tok_step + t.tok_step
+    return Tally(int(n), tokens, steps, tok_sq, step_sq, tok_step)
 
 
 @dataclass(frozen=True, slots=True)

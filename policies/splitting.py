@@ -31,13 +31,15 @@ never a raw hash, so metric labels stay bounded.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.economics import Tally, log_tokens_per_step, summed
 from policies.features import Features
 
 KEYS = ("template", "tenant", "tools", "api")
@@ -149,8 +151,9 @@ class Verdict:
     """What the judge says of one candidate value of a slice: ``wants`` -1 a rung down, 0
     its serving rung, +1 a rung up, each with the guardrail's confidence; None: not sure.
     ``ratio`` and ``z``: the deciding judgement's cost ratio and z. ``leans``: the same
-    direction on the point estimate alone; ``log_l`` and ``var_l``: its log tokens per step
-    on the speculative rung judged, and that estimate's variance (None when unmeasured)."""
+    direction on the point estimate alone; ``tallies``: its tokens per step on the
+    speculative rung judged, bucket by bucket of its window (by the bucket's start), and
+    ``reach``: its requests' mean decode, in seconds."""
 
     value: str
     requests: int
@@ -158,18 +161,41 @@ class Verdict:
     ratio: float = 1.0
     z: float = 0.0
     leans: int = 0
-    log_l: float | None = None
-    var_l: float = 0.0
+    tallies: Mapping[float, Tally] = field(default_factory=dict)
+    reach: float = 0.0
 
 
 def differ(a: Verdict, b: Verdict) -> float:
     """How many standard deviations apart two values' tokens per step lie on the same
-    speculative rung, where their point estimates lean to different rungs (0 otherwise).
-    The values share the rung's step time and price, so its doubt cancels: only their
-    tokens per step can tell them apart."""
-    if a.leans == b.leans or a.log_l is None or b.log_l is None:
+    speculative rung, where their point estimates lean to different rungs (0 otherwise),
+    over the times both were served at: each value's buckets no farther from one of the
+    other's than the longer ``reach`` (a request counts in the bucket it ended in, and
+    was being served for its decode before that). The values share the rung's step time
+    and price, so its doubt cancels: only their tokens per step can tell them apart, and
+    only at the same times. A slice's economics change with time (a collapse, a healing,
+    a surge): one value's requests from before a change and another's from after it
+    differ by the change, not by what the values are (an agent's conversations, each a
+    template of its own, come and go at different times)."""
+    if a.leans == b.leans:
         return 0.0
-    return abs(a.log_l - b.log_l) / math.sqrt(max(a.var_l + b.var_l, 1e-12))
+    reach = max(a.reach, b.reach)
+    mine = log_tokens_per_step(summed(_beside(a.tallies, b.tallies, reach)))
+    theirs = log_tokens_per_step(summed(_beside(b.tallies, a.tallies, reach)))
+    if mine is None or theirs is None:
+        return 0.0
+    return abs(mine[0] - theirs[0]) / math.sqrt(max(mine[1] + theirs[1], 1e-12))
+
+
+def _beside(
+    mine: Mapping[float, Tally], theirs: Mapping[float, Tally], reach: float
+) -> Iterator[Tally]:
+    """The tallies of ``mine`` in buckets no farther than ``reach`` from one of
+    ``theirs``."""
+    times = sorted(theirs)
+    for at, tally in mine.items():
+        i = bisect.bisect_left(times, at - reach)
+        if i < len(times) and times[i] <= at + reach:
+            yield tally
 
 
 def wants(below_verdict: int | None, above_verdict: int | None) -> int | None:
@@ -201,10 +227,10 @@ def propose(
     """A split of ``parent`` by the first of ``keys`` with two values, each with
     ``min_samples`` requests, whose point estimates lean to different rungs and whose
     tokens per step differ with the guardrail's confidence (``z_needed`` standard
-    deviations, ``differ``), over their whole windows: a window's newest requests alone
-    differ between values whenever the slice's economics just changed (one value's newest
-    request came after a healing, another's before), and the whole windows of values with
-    the same economics mix the same times alike. None when no key does."""
+    deviations, ``differ``), over the times both were served at: a window's newest
+    requests alone differ between values whenever the slice's economics just changed (one
+    value's newest request came after a healing, another's before), and so do two whole
+    windows that hold different minutes. None when no key does."""
     for key in keys:
         judged = [v for v in verdicts.get(key, ()) if v.requests >= min_samples]
         apart = max(

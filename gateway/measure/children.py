@@ -32,7 +32,7 @@ from gateway.measure.slicerecord import SliceRecord
 from gateway.measure.slices import Slices
 from gateway.measure.windows import Counts
 from policies.compiled import CompiledPolicy, Placement
-from policies.economics import Judgement, Tally, log_tokens_per_step
+from policies.economics import Judgement, Tally
 from policies.guardrail import ON_START, SliceState
 from policies.splitting import (
     Split,
@@ -216,9 +216,8 @@ class Splitter:
             decided = decided or below or above
             ratio, z = (decided.ratio, decided.z) if decided is not None else (1.0, 0.0)
             leans = _leans(seen.near, above)
-            measured = log_tokens_per_step(_tally(entry, pool, now)) if pool else None
-            log_l, var_l = measured if measured is not None else (None, 0.0)
-            out.append(Verdict(value, requests, direction, ratio, z, leans, log_l, var_l))
+            tallies, reach = _served(entry, pool, now) if pool else ({}, 0.0)
+            out.append(Verdict(value, requests, direction, ratio, z, leans, tallies, reach))
         return out
 
     def _maybe_merge(
@@ -323,9 +322,16 @@ def _leans(near: Judgement | None, above: Judgement | None) -> int:
     return 0
 
 
-def _tally(entry: SliceRecord, pool: str, now: float) -> Tally:
-    """Everything a value's window holds on ``pool`` from its evidence floor on."""
+def _served(entry: SliceRecord, pool: str, now: float) -> tuple[dict[float, Tally], float]:
+    """What a value's window holds on ``pool`` from its evidence floor on, bucket by bucket
+    (this replica's and those pulled from others added up), and its requests' mean decode
+    in seconds (how long before it ended a request was being served)."""
+    by_start: dict[float, Counts] = {}
     total = Counts()
-    for _, counts in entry.buckets(pool, now):
+    for start, counts in entry.buckets(pool, now):
+        by_start.setdefault(start, Counts()).add(counts)
         total.add(counts)
-    return total.tally()
+    tpot = total.tpot or 0.0
+    decode = tpot * total.tokens / total.stepped if total.stepped else 0.0
+    tallies = {start: counts.tally() for start, counts in by_start.items() if counts.stepped}
+    return tallies, decode

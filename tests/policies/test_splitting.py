@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from policies.economics import Tally, log_tokens_per_step
 from policies.features import Features, PromptHashes
 from policies.lint import lint
 from policies.splitting import (
@@ -22,16 +25,39 @@ from policies.splitting import (
 PARENT = "default / t<=0.3 / ctx4k-16k"
 
 
+def measured(log_l: float, n: int = 50, spread: float = 0.36) -> Tally:
+    """``n`` requests of 100 steps at ``exp(log_l)`` tokens a step, each off by
+    +-``spread`` (alternately): log L known to about +-0.05 at 50 requests."""
+    mean = math.exp(log_l) * 100
+    tokens = [mean * (1 + spread * (-1) ** i) for i in range(n)]
+    return Tally(
+        n,
+        sum(tokens),
+        100.0 * n,
+        sum(t * t for t in tokens),
+        100.0**2 * n,
+        sum(t * 100 for t in tokens),
+    )
+
+
 def verdict(
-    value: str, direction: int | None, requests: int = 50, log_l: float | None = None
+    value: str,
+    direction: int | None,
+    requests: int = 50,
+    log_l: float | None = None,
+    at: tuple[float, ...] = (0.0,),
 ) -> Verdict:
     """A value leaning ``direction`` (unsure: staying); its log tokens per step far from
-    the other direction's unless given, known to +-0.05."""
+    the other direction's unless given, known to about +-0.05, in the window's buckets
+    ``at`` (its requests shared between them)."""
     leans = direction or 0
     if log_l is None:
         log_l = 0.1 if leans == -1 else 1.0
     ratio = 1.5 if leans == -1 else 0.5
-    return Verdict(value, requests, direction, ratio, 4.0, leans, log_l, 0.05**2)
+    each = measured(log_l, requests // len(at))
+    return Verdict(
+        value, requests, direction, ratio, 4.0, leans, dict.fromkeys(at, each), reach=20.0
+    )
 
 
 def test_values_that_want_different_rungs_split_the_slice() -> None:
@@ -56,13 +82,33 @@ def test_values_apart_by_the_guardrails_confidence_split() -> None:
     assert propose(PARENT, {"template": far}, ["template"], **kw) is not None
 
 
+def test_helper_measures_as_stated() -> None:
+    log_l, var = log_tokens_per_step(measured(0.5)) or (0.0, 0.0)
+    assert abs(log_l - 0.5) < 1e-9 and 0.045 < math.sqrt(var) < 0.055
+
+
+def test_values_are_compared_only_over_the_time_both_were_served() -> None:
+    # a value served before a collapse and another after it: their windows differ by
+    # the collapse, over no time they share
+    kw = {"max_children": 8, "min_samples": 3, "version": 0, "now": 0.0}
+    before, after = verdict("a", 1, at=(0.0, 12.5)), verdict("b", 0, log_l=0.1, at=(37.5, 50.0))
+    assert propose(PARENT, {"template": [before, after]}, ["template"], **kw) is None
+    # the same values served in the same minutes, or one's requests ending while the
+    # other's were being decoded (within the reach): told apart
+    before = verdict("a", 1, at=(0.0, 12.5, 25.0))
+    after = verdict("b", 0, log_l=0.1, at=(25.0, 37.5))
+    assert propose(PARENT, {"template": [before, after]}, ["template"], **kw) is not None
+    before, after = verdict("a", 1, at=(0.0,)), verdict("b", 0, log_l=0.1, at=(12.5,))
+    assert propose(PARENT, {"template": [before, after]}, ["template"], **kw) is not None
+
+
 def test_agreeing_or_unsure_values_do_not_split() -> None:
     for verdicts in (
         [verdict("a", -1), verdict("b", -1)],
         [verdict("a", 0), verdict("b", None)],
         [verdict("a", -1), verdict("b", 0, requests=2)],  # b has too few requests
         [verdict("a", -1, log_l=0.5), verdict("b", 0, log_l=0.6)],  # not apart enough
-        [verdict("a", -1), Verdict("b", 50, None, 0.5, 0.0, 0, None)],  # b unmeasured
+        [verdict("a", -1), Verdict("b", 50, None, 0.5, 0.0, 0)],  # b unmeasured
     ):
         got = propose(
             PARENT,

@@ -143,6 +143,23 @@ def test_equal_economics_with_different_templates_never_split() -> None:
     assert not stats.splits and not stats.slices.split_versions
 
 
+def test_a_template_gone_before_a_collapse_is_not_told_apart_by_it() -> None:
+    """Two templates with equal economics, one served only in the first minute, the other
+    on through a collapse at 60 s: their whole windows differ by the collapse, the minute
+    both were served in does not (an agent's conversations, each a template of its own,
+    come and go so)."""
+
+    def first_minute(n: int) -> str:
+        return alternate(n) if n < 120 else REPORTS
+
+    def collapse(template: str, t: float) -> float:
+        return 0.9 if t < 60 else 0.05
+
+    stats, seen = run(policy(), collapse, first_minute, until=240)
+    assert not stats.splits and not stats.slices.split_versions
+    assert stats.guards[seen[REPORTS]].offset == 1  # it fell in the collapse all the same
+
+
 def test_splitting_off_keeps_the_slice_whole() -> None:
     stats, seen = run(policy("{split: false}"), opposite, alternate, until=120)
     assert not stats.splits and seen[REVIEW] == seen[REPORTS]
