@@ -75,11 +75,11 @@ class Tally:
 
 def summed(tallies: Iterable[Tally]) -> Tally:
     """One tally of the requests of several."""
-    n = tokens = steps = tok_sq = step_sq = tok_step = 0.0
+    n, tokens, steps, tok_sq, step_sq, tok_step = 0, 0.0, 0.0, 0.0, 0.0, 0.0
     for t in tallies:
         n, tokens, steps = n + t.n, tokens + t.tokens, steps + t.steps
         tok_sq, step_sq, tok_step = tok_sq + t.tok_sq, step_sq + t.step_sq, tok_step + t.tok_step
-    return Tally(int(n), tokens, steps, tok_sq, step_sq, tok_step)
+    return Tally(n, tokens, steps, tok_sq, step_sq, tok_step)
 
 
 @dataclass(frozen=True, slots=True)
