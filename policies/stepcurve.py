@@ -367,19 +367,23 @@ def _solved(
     """The posterior mean under ``prior``, every part kept >= 0, its precision, and the
     weighted relative residual sum of squares. The observations' noise is pooled from the
     residuals of a first pass under the prior loosened ``WIDER`` times (module docstring)."""
-    noise = NOISE_SD**2
     p0 = precision(prior.cov)
     p0m = apply(p0, prior.mean)
-    beta: Vec = prior.mean
-    lam: list[list[float]] = []
-    rss = 0.0
-    for loose in (WIDER**-2, 1.0):
-        lam = [
-            [loose * p + x / noise for p, x in zip(prow, xrow, strict=True)]
-            for prow, xrow in zip(p0, xx, strict=True)
-        ]
-        r = [loose * p0m[i] + xy[i] / noise for i in range(N)]
-        beta = non_negative(lam, r)
-        rss = max(yy - 2 * dot(beta, xy) + dot(beta, apply(xx, beta)), 0.0)
-        noise = (NOISE_WEIGHT * NOISE_SD**2 + rss) / (NOISE_WEIGHT + n)
+    _, _, rss = _pass(p0, p0m, xx, xy, yy, WIDER**-2, NOISE_SD**2)
+    noise = (NOISE_WEIGHT * NOISE_SD**2 + rss) / (NOISE_WEIGHT + n)
+    return _pass(p0, p0m, xx, xy, yy, 1.0, noise)
+
+
+def _pass(
+    p0: Mat, p0m: Vec, xx: Mat, xy: Vec, yy: float, loose: float, noise: float
+) -> tuple[Vec, list[list[float]], float]:
+    """One fit: the prior's precision ``p0`` (and ``p0m``, it times the prior's mean) scaled
+    by ``loose``, the observations' sums at relative ``noise``."""
+    lam = [
+        [loose * p + x / noise for p, x in zip(prow, xrow, strict=True)]
+        for prow, xrow in zip(p0, xx, strict=True)
+    ]
+    r = [loose * p0m[i] + xy[i] / noise for i in range(N)]
+    beta = non_negative(lam, r)
+    rss = max(yy - 2 * dot(beta, xy) + dot(beta, apply(xx, beta)), 0.0)
     return beta, lam, rss
