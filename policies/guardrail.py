@@ -226,7 +226,10 @@ class Economics:
     tokens times the serving rung's seconds per output token; None while unknown). A long
     conversation's turn is cached where it is served, and its probe is not: ``reprefill``
     is what a live probe prefills there beyond what the request would at home, in the
-    same unit (None while the answers have not said what was cached).
+    same unit (None while the answers have not said what was cached). ``resent``: its
+    requests find part of their prompts cached where they are served, as a conversation's
+    turns do; a first turn and a prompt sent once look alike, so a live probe of such a
+    slice may take its history away from home for the next turn to prefill there again.
     """
 
     below: Judgement | None = None
@@ -240,6 +243,7 @@ class Economics:
     reprefill: float | None = None
     latency: Latency | None = None
     latency_above: Latency | None = None
+    resent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,8 +299,7 @@ def step_economic(
             return after, _event(slice_key, now, state, after, judged, "cheaper above")
     if not ready:
         return state, None
-    share = probe_share(seen, config)
-    mirror = recovery_share(seen, config, share)
+    share, mirror = short_probes(seen, config)
     if state.phase is Phase.PROBING:
         if (share, mirror) == (state.probe_share, state.mirror_share):
             return state, None
@@ -355,7 +358,40 @@ def probe_share(seen: Economics, config: Guardrail) -> float:
     return float(f"{share:.2g}")
 
 
-def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
+def short_probes(seen: Economics, config: Guardrail) -> tuple[float, float]:
+    """The shares of a fallen-back slice's requests that probe the rung above live and that
+    are mirrored there short: the live probes the probe budget buys (``probe_share``), and
+    what the recovery budget buys besides (``recovery_share``), mirrored short, or live
+    where a live probe costs the slice less than a short mirror of the same request would
+    (``_costs``). A prompt prefilled whole wherever it goes, a summary's, makes a mirror a
+    cold prefill for a few tokens, where a live probe only pays the rung's dearer decode;
+    and where answers are short, a short mirror is most of a request at the dearer price."""
+    live = probe_share(seen, config)
+    if config.probe is ProbeMode.SHADOW or seen.prefill is None or not seen.tokens:
+        return live, recovery_share(seen, config, live)
+    _, mirror, whole = _costs(seen, config)
+    if mirror <= whole:
+        return live, recovery_share(seen, config, live)
+    return live + recovery_share(seen, config, live, mirrored=False), 0.0
+
+
+def _costs(seen: Economics, config: Guardrail) -> tuple[float, float, float]:
+    """In requests served on the serving rung: a short mirror's decode (its part of a
+    request, ``probe_tokens`` of the slice's mean, times the rung above's cost ratio r) and
+    its whole cost (that plus its prefill up there, ``Economics.prefill``), and a live
+    probe's (r - 1 plus what it prefills up there beyond what it would at home,
+    ``Economics.reprefill``, as ``probe_share`` counts it; its whole prefill up there, as
+    the mirror's, where the slice's prompts are ``resent``)."""
+    ratio = _last_ratio(seen)
+    part = min(config.probe_tokens / seen.tokens, 1.0) if seen.tokens else 1.0
+    decode, prefill = part * ratio, seen.prefill or 0.0
+    again = prefill if seen.resent else (seen.reprefill or 0.0)
+    return decode, decode + prefill, ratio - 1.0 + again
+
+
+def recovery_share(
+    seen: Economics, config: Guardrail, live: float, *, mirrored: bool = True
+) -> float:
     """The share of a fallen-back slice's requests mirrored to the rung above as short probes
     (``probe_tokens`` output tokens each), besides the ``live`` share of probes: enough for
     one probe in ``HEAR_WITHIN`` of the slice's requests, but none where that would come more
@@ -371,15 +407,21 @@ def recovery_share(seen: Economics, config: Guardrail, live: float) -> float:
     more where the probe is cheap for its prefill: the wanted share times the decode's part
     of the probe's cost. A short prompt's probe is owed the whole wanted share, beyond the
     budget, which holds on average; a long prompt's, whose probe is mostly a cold prefill,
-    little more than the budget buys. Two significant digits, as ``probe_share``."""
+    little more than the budget buys. Two significant digits, as ``probe_share``.
+
+    Not ``mirrored``: the share of further live probes the budget buys (``short_probes``),
+    each costing what a live probe loses (r - 1, plus its prefill up there beyond what it
+    would at home), owed what the budget buys and no more: a whole request on a dearer rung
+    is never cheap."""
     if config.recovery_budget <= 0 or seen.rate <= 0:
         return 0.0
     wanted = min(1.0 / HEAR_WITHIN, 1.0 / (seen.rate * HEAR_EVERY_S))
     if wanted <= live:
         return 0.0
-    part = min(config.probe_tokens / seen.tokens, 1.0) if seen.tokens else 1.0
-    decode = part * _last_ratio(seen)
-    cost = max(decode + (seen.prefill or 0.0), 1e-9)
+    decode, mirror, whole = _costs(seen, config)
+    if not mirrored:
+        decode, mirror = 0.0, whole
+    cost = max(mirror, 1e-9)
     share = min(wanted - live, config.recovery_budget / cost, MAX_PROBE_SHARE - live)
     owed = min(max(live + share, wanted * min(decode / cost, 1.0)), wanted)
     gap = 1.0 / (seen.rate * owed)

@@ -45,7 +45,8 @@ _GUARDRAIL = {
     "add in expectation (probes of a rung barely dearer are many, of one far dearer few)",
     "recovery_budget": "economic mode: the share of a fallen-back slice's cost that short "
     "mirrored probes of the rung above may add, so that a quiet slice hears of a healing "
-    "within about ten of its requests (a busy one's live probes do without them)",
+    "within about ten of its requests (a busy one's live probes do without them); live "
+    "probes instead where those cost less (a long prompt prefilled whole wherever it goes)",
     "probe_tokens": "economic mode: the output tokens a short mirrored probe asks for",
     "confidence": "economic mode: how sure the guardrail must be that the other rung is "
     "cheaper before it moves a slice (one-sided)",

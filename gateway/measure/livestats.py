@@ -142,6 +142,7 @@ class LiveStats:
             _probe_prefill(entry, outcome)
         elif not (labels.probe or labels.shadow):
             entry.home_prefill = _mean_uncached(entry.home_prefill, outcome)
+            entry.home_fresh = _mean_uncached(entry.home_fresh, outcome, share=True)
         entry.window_s = place.guardrail.window_s
         counts = counts_of(outcome)
         entry.add(labels.pool, counts, now)
@@ -286,6 +287,7 @@ class LiveStats:
             since_probe=now - last if entry.state.phase is Phase.PROBING else None,
             prefill=prefill,
             reprefill=reprefill,
+            resent=entry.home_fresh is not None and entry.home_fresh < 1.0,
         )
         state, transition = step_economic(key, entry.state, economics, place.guardrail, now)
         if transition is not None:
@@ -310,9 +312,10 @@ class LiveStats:
         """A probe's prefill on the rung above and what a live one prefills beyond what the
         request would at home, both in requests on the serving rung (``Economics.prefill``,
         ``Economics.reprefill``): its probes' uncached prompt tokens there (before any, the
-        slice's context) at the rung above's seconds per prompt token, less its requests'
-        uncached prompt tokens at home at the serving rung's, over a request's output
-        tokens at the serving rung's seconds per output token."""
+        slice's context) at the rung above's seconds per prompt token, less what a live
+        probe saves at home at the serving rung's, over a request's output tokens at the
+        serving rung's seconds per output token (``SliceRecord.home_saving``: nothing for a
+        conversation's turn, whose next turn prefills at home what this one brought)."""
         if serving <= place.start or not tokens:
             return None, None
         above, here = place.ladder.pools[serving - 1], place.ladder.pools[serving]
@@ -323,10 +326,10 @@ class LiveStats:
         if prefill is None or not decode or prompt is None:
             return None, None
         there = prompt * prefill
-        home = entry.home_prefill
-        if home is None:
+        saved = entry.home_saving()
+        if saved is None:
             return there / (tokens * decode), None
-        extra = max(there - home * per_token.get(here, prefill), 0.0)
+        extra = max(there - saved * per_token.get(here, prefill), 0.0)
         return there / (tokens * decode), extra / (tokens * decode)
 
     def _lean_prefill(
@@ -423,10 +426,12 @@ def _probe_prefill(entry: SliceRecord, outcome: Outcome) -> None:
         entry.probe_prefill = _mean_uncached(entry.probe_prefill, outcome)
 
 
-def _mean_uncached(mean: float | None, outcome: Outcome) -> float | None:
-    """``mean`` of uncached prompt tokens with ``outcome``'s in, when its answer said what
-    was cached."""
+def _mean_uncached(mean: float | None, outcome: Outcome, *, share: bool = False) -> float | None:
+    """``mean`` of uncached prompt tokens (or, ``share``, of the share of the prompt
+    uncached) with ``outcome``'s in, when its answer said what was cached."""
     if outcome.status is not Status.OK or outcome.cached_tokens is None:
         return mean
     own = float(max(outcome.prompt_tokens - outcome.cached_tokens, 0))
+    if share:
+        own = own / outcome.prompt_tokens if outcome.prompt_tokens > 0 else 1.0
     return own if mean is None else mean + 0.1 * (own - mean)

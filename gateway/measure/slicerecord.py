@@ -45,6 +45,7 @@ class SliceRecord:
     context: float | None = None  # its requests' mean cached tokens (judged at its context)
     probe_prefill: float | None = None  # its probes' mean uncached prompt tokens, above
     home_prefill: float | None = None  # its requests' mean uncached prompt tokens at home
+    home_fresh: float | None = None  # ... and the mean share of their prompts uncached
     ttft: dict[tuple[str, bool], deque[tuple[float, float]]] = field(default_factory=dict)
     split_at: float = float("-inf")  # it split then: first tokens before mixed in children
 
@@ -203,6 +204,18 @@ class SliceRecord:
         """One request's cached tokens (``steptimes.context_of``) into the slice's context,
         a moving mean weighing the newest a tenth."""
         self.context = own if self.context is None else self.context + 0.1 * (own - self.context)
+
+    def home_saving(self) -> float | None:
+        """The prompt tokens one of the slice's requests served on another rung (a live
+        probe) saves its home, on average; None while the answers have not said what was
+        cached. A prompt sent once is prefilled there instead of at home, and saves what it
+        would have prefilled at home; a conversation's turn, whose prompt its home mostly
+        held, saves nothing, since its next turn prefills at home what this one brought. So
+        the requests' uncached tokens at home, times the share of their prompts they found
+        uncached."""
+        if self.home_prefill is None:
+            return None
+        return self.home_prefill * (1.0 if self.home_fresh is None else self.home_fresh)
 
     def requests(self, now: float) -> int:
         """Requests of every pool in this replica's window."""

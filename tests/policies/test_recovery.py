@@ -5,6 +5,7 @@ lean, and live exploration while the judge leans towards the rung below."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -19,9 +20,10 @@ from policies.guardrail import (
     SliceState,
     probe_share,
     recovery_share,
+    short_probes,
     step_economic,
 )
-from policies.model import Guardrail
+from policies.model import Guardrail, ProbeMode
 from policies.steptime import StepTime
 
 CONFIG = Guardrail()
@@ -96,6 +98,35 @@ def test_an_overdue_probe_is_owed_more_than_the_budget_only_where_it_is_cheap():
         above=dear(1.6), rate=0.05, tokens=48.0, prefill=5.0, since_probe=1.5 / (0.05 * owed)
     )
     assert recovery_share(late, CONFIG, live=0.0) == pytest.approx(1.5 * owed, rel=0.05)
+
+
+def test_a_summary_probes_live_where_a_short_mirror_would_be_a_cold_prefill():
+    """A summary's 12,000-token prompt is prefilled whole wherever it goes: a short mirror of
+    it costs its prefill up there (5 requests here) for 16 tokens, where a live probe costs
+    only the rung's dearer decode (r - 1). The recovery budget then buys live probes; a
+    conversation's live probe re-prefills its history up there, and a chat request's short
+    mirror costs a small part of one: those stay mirrored."""
+    summary = Economics(above=dear(1.6), rate=0.05, tokens=192.0, prefill=5.0, reprefill=0.0)
+    live, mirror = short_probes(summary, CONFIG)
+    assert mirror == 0.0
+    bought = CONFIG.recovery_budget / 0.6
+    assert live == pytest.approx(probe_share(summary, CONFIG) + bought, rel=0.02)
+    assert bought > recovery_share(summary, CONFIG, probe_share(summary, CONFIG))
+    talk = replace(summary, reprefill=5.0)
+    # a conversation's first turn looks like a prompt sent once, but its slice's prompts are
+    # found cached at home: its live probe takes the history away for the next turn
+    first = replace(summary, resent=True)
+    chat = Economics(above=dear(1.6), rate=0.05, tokens=192.0, prefill=0.05, reprefill=0.0)
+    for mirrored in (talk, first, chat):
+        share = probe_share(mirrored, CONFIG)
+        assert short_probes(mirrored, CONFIG) == (share, recovery_share(mirrored, CONFIG, share))
+    # probes that are mirrors by the policy's choice stay mirrors
+    shadow = Guardrail(probe=ProbeMode.SHADOW)
+    assert short_probes(summary, shadow)[1] > 0.0
+    # overdue, live probes are owed what the budgets buy, not one request in ten
+    owed = probe_share(summary, CONFIG) + bought
+    late = replace(summary, since_probe=1.5 / (summary.rate * owed))
+    assert short_probes(late, CONFIG)[0] == pytest.approx(1.5 * owed, rel=0.05)
 
 
 def test_probing_says_its_short_mirrors_and_a_short_probe_is_decided_as_such():

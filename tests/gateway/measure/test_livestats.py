@@ -274,3 +274,16 @@ def test_a_slices_probes_teach_it_what_they_prefill_above_and_its_own_requests_a
     stats.record(dataclasses.replace(served, cached_tokens=29_000), 106.0)  # not a probe
     assert stats.slices.records[KEY].probe_prefill == 28_000.0
     assert stats.slices.records[KEY].home_prefill == 1_000.0  # served at home, warm
+    # a conversation's turn, its history cached at home: a live probe saves its home
+    # nothing, since the next turn prefills there what this one brought
+    assert stats.slices.records[KEY].home_saving() == pytest.approx(1_000 / 30)
+
+
+def test_a_prompt_sent_once_saves_its_home_what_a_live_probe_prefills_elsewhere():
+    stats = LiveStats(lambda: POLICY)
+    assert stats.slices.records.get(KEY) is None
+    summary = dataclasses.replace(outcome(0.9), prompt_tokens=12_000)  # served at home
+    stats.record(summary, 1.0)  # the answer does not say what was cached
+    assert stats.slices.records[KEY].home_saving() is None
+    stats.record(dataclasses.replace(summary, cached_tokens=0), 2.0)
+    assert stats.slices.records[KEY].home_saving() == 12_000.0
