@@ -107,10 +107,13 @@ async def query(api: httpx.AsyncClient, expr: str) -> list[dict[str, object]]:
 
 
 async def scraped(api: httpx.AsyncClient, times: int, within_s: float) -> None:
+    """Until Prometheus has scraped the gateway ``times`` times within the minute: scrapes
+    that answered (``up`` is 1), since on a busy machine one can time out at the 1 s
+    interval, and a failed scrape records ``up`` 0 and no series."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
-            found = await query(api, 'count_over_time(up{job="speclane"}[1m])')
+            found = await query(api, 'sum_over_time(up{job="speclane"}[1m])')
         except (httpx.TransportError, AssertionError):
             found = []
         if found and float(found[0]["value"][1]) >= times:  # type: ignore[index]
