@@ -367,12 +367,18 @@ def short_probes(seen: Economics, config: Guardrail) -> tuple[float, float]:
     cold prefill for a few tokens, where a live probe only pays the rung's dearer decode;
     and where answers are short, a short mirror is most of a request at the dearer price."""
     live = probe_share(seen, config)
+    if _live_cheaper(seen, config):
+        return live + recovery_share(seen, config, live, mirrored=False), 0.0
+    return live, recovery_share(seen, config, live)
+
+
+def _live_cheaper(seen: Economics, config: Guardrail) -> bool:
+    """Whether a live probe costs less than a short mirror (``_costs``); never under
+    ``probe: shadow``, nor while the mirror's prefill or the slice's answers are unknown."""
     if config.probe is ProbeMode.SHADOW or seen.prefill is None or not seen.tokens:
-        return live, recovery_share(seen, config, live)
+        return False
     _, mirror, whole = _costs(seen, config)
-    if mirror <= whole:
-        return live, recovery_share(seen, config, live)
-    return live + recovery_share(seen, config, live, mirrored=False), 0.0
+    return whole < mirror
 
 
 def _costs(seen: Economics, config: Guardrail) -> tuple[float, float, float]:
